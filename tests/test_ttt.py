@@ -1,0 +1,137 @@
+"""The fast TTT unroll against a plain reference that recomputes every step from scratch."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models.draft import DraftShape, Eagle3Draft
+from trainer.ttt import TargetLabels, shift_left, simulated_accept_length, step_valid, target_labels, ttt_unroll
+
+SHAPE = DraftShape(
+    hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+    target_hidden_size=24, num_aux=3, vocab_size=50, draft_vocab_size=20, rms_norm_eps=1e-6,
+    rope_theta=10000.0, max_position_embeddings=256,
+)
+
+
+def _rope(x, positions, theta):
+    """Rotate pairs (i, i + D/2) of x [B, H, T, D] by position * theta^(-2i/D)."""
+    d = x.shape[-1]
+    angle = positions[:, None, :, None].double() * theta ** (-torch.arange(0, d, 2).double() / d)  # [B,1,T,D/2]
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    a, b = x[..., : d // 2], x[..., d // 2 :]
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+
+def _rms(x, w, eps):
+    return w * (x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def reference_logits(draft: Eagle3Draft, input_ids, aux, k_last: int, norm_output: bool):
+    """Logits of step ``k_last``, recomputing steps 0..k_last with an explicit full mask."""
+    s, layer = draft.shape, draft.midlayer
+    b, t = input_ids.shape
+    positions = torch.arange(t).expand(b, t)
+    hidden = aux @ draft.fc.weight.T
+    keys, values = [], []
+    for j in range(k_last + 1):
+        emb = draft.embed_tokens.weight[shift_left(input_ids, 1 + j)]
+        x = torch.cat([_rms(emb, layer.input_layernorm.weight, s.rms_norm_eps),
+                       _rms(hidden, layer.hidden_norm.weight, s.rms_norm_eps)], dim=-1)
+        att = layer.self_attn
+        q = (x @ att.q_proj.weight.T).view(b, t, s.num_attention_heads, s.head_dim).transpose(1, 2)
+        k = (x @ att.k_proj.weight.T).view(b, t, s.num_key_value_heads, s.head_dim).transpose(1, 2)
+        v = (x @ att.v_proj.weight.T).view(b, t, s.num_key_value_heads, s.head_dim).transpose(1, 2)
+        q, k = _rope(q, positions + j, s.rope_theta), _rope(k, positions + j, s.rope_theta)
+        keys.append(k.repeat_interleave(2, dim=1))
+        values.append(v.repeat_interleave(2, dim=1))
+        allowed = torch.zeros(t, (j + 1) * t, dtype=torch.bool)  # query row -> key (step i, row r)
+        for i in range(j + 1):
+            block = torch.ones(t, t).tril().bool() if i == 0 else torch.eye(t, dtype=torch.bool)
+            allowed[:, i * t : (i + 1) * t] = block
+        scores = q @ torch.cat(keys, 2).transpose(-1, -2) / math.sqrt(s.head_dim)
+        probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+        attn_out = (probs @ torch.cat(values, 2)).transpose(1, 2).reshape(b, t, -1) @ att.o_proj.weight.T
+        residual = hidden + attn_out
+        mlp_in = _rms(residual, layer.post_attention_layernorm.weight, s.rms_norm_eps)
+        mlp = layer.mlp
+        out = residual + (F.silu(mlp_in @ mlp.gate_proj.weight.T) * (mlp_in @ mlp.up_proj.weight.T)) @ mlp.down_proj.weight.T
+        normed = _rms(out, draft.norm.weight, s.rms_norm_eps)
+        hidden = normed if norm_output else out
+    return normed @ draft.lm_head.weight.T
+
+
+def _problem(seed=0, b=2, t=12):
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(SHAPE)
+    for p in draft.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    input_ids = torch.randint(0, SHAPE.vocab_size, (b, t))
+    lengths = torch.tensor([t, t - 3])
+    loss_mask = torch.rand(b, t) > 0.3
+    aux = torch.randn(b, t, SHAPE.num_aux * SHAPE.target_hidden_size)
+    draft_ids = torch.sort(torch.randperm(SHAPE.vocab_size)[: SHAPE.draft_vocab_size]).values
+    t2d = torch.zeros(SHAPE.vocab_size, dtype=torch.bool)
+    t2d[draft_ids] = True
+    final = torch.randn(b, t, 16)
+    labels = target_labels(final, torch.randn(SHAPE.vocab_size, 16), draft_ids, t2d, chunk=7)
+    return draft, input_ids, loss_mask, lengths, aux, labels, draft_ids
+
+
+@pytest.mark.parametrize("norm_output", [False, True])
+def test_unroll_matches_reference(norm_output):
+    steps = 4
+    draft, input_ids, loss_mask, lengths, aux, labels, draft_ids = _problem()
+    fast = ttt_unroll(draft, input_ids, loss_mask, lengths, aux, labels, draft_ids, steps, 0.8, norm_output)
+    fast.loss.backward()
+    fast_grad = draft.fc.weight.grad.clone()
+    draft.zero_grad()
+    ref_loss = 0.0
+    for k in range(steps):
+        logits = reference_logits(draft, input_ids, aux, k, norm_output)
+        mask = step_valid(loss_mask, lengths, labels.in_draft, k)
+        ce = -(shift_left(labels.probs, 1 + k) * logits.log_softmax(-1)).sum(-1)
+        step_sum = (ce * mask).sum()
+        torch.testing.assert_close(fast.loss_sum[k], step_sum.detach(), rtol=1e-5, atol=0)
+        hits = (draft_ids[logits.argmax(-1)] == shift_left(labels.argmax, 1 + k)) & mask
+        assert fast.correct[k] == hits.sum() and fast.valid[k] == mask.sum()
+        ref_loss = ref_loss + 0.8**k * step_sum / mask.sum().clamp(min=1)
+    ref_loss.backward()
+    torch.testing.assert_close(fast.loss.detach(), ref_loss.detach(), rtol=1e-5, atol=0)
+    torch.testing.assert_close(fast_grad, draft.fc.weight.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_step_valid_follows_index_convention():
+    # one row of length 6, every token masked, every argmax in the draft vocab
+    loss_mask, in_draft = torch.ones(1, 6, dtype=torch.bool), torch.ones(1, 6, dtype=torch.bool)
+    lengths = torch.tensor([6])
+    # step k row t learns position p = t+1+k, needs p+1 < 6  ->  t < 4 - k
+    for k in range(4):
+        assert step_valid(loss_mask, lengths, in_draft, k).tolist() == [[t < 4 - k for t in range(6)]]
+    # the label token of row 0 at step 0 is x_2: unmasking it removes exactly that row
+    loss_mask[0, 2] = False
+    assert step_valid(loss_mask, lengths, in_draft, 0).tolist() == [[False, True, True, True, False, False]]
+    # a target argmax outside the draft vocab at position p removes row p-1-k
+    in_draft[0, 3] = False
+    assert step_valid(torch.ones(1, 6, dtype=torch.bool), lengths, in_draft, 1).tolist()[0][:3] == [True, False, True]
+
+
+def test_target_labels_chunked_equals_full():
+    torch.manual_seed(1)
+    final, lm_head = torch.randn(2, 5, 16), torch.randn(50, 16)
+    draft_ids = torch.arange(0, 50, 3)
+    t2d = torch.zeros(50, dtype=torch.bool)
+    t2d[draft_ids] = True
+    labels = target_labels(final, lm_head, draft_ids, t2d, chunk=7)
+    full = final @ lm_head.T
+    assert torch.equal(labels.argmax, full.argmax(-1))
+    assert torch.equal(labels.in_draft, t2d[full.argmax(-1)])
+    torch.testing.assert_close(labels.probs, full[..., draft_ids].softmax(-1))
+
+
+def test_simulated_accept_length():
+    assert simulated_accept_length([1.0, 1.0, 1.0]) == 3.0
+    assert simulated_accept_length([0.5, 0.5]) == pytest.approx(0.5 + 0.25)
+    assert simulated_accept_length([0.0, 1.0]) == 0.0

@@ -1,0 +1,23 @@
+"""Learning-rate schedules: linear warmup, then cosine decay or a constant LR."""
+
+from __future__ import annotations
+
+import math
+
+from trainer.config import ScheduleConfig
+
+
+def warmup_steps(cfg: ScheduleConfig, total_steps: int) -> int:
+    return math.ceil(cfg.warmup_ratio * total_steps)
+
+
+def lr_factor(cfg: ScheduleConfig, step: int, total_steps: int) -> float:
+    """Multiplier of ``cfg.lr`` at optimizer step ``step`` (0-based) of ``total_steps``."""
+    warm = warmup_steps(cfg, total_steps)
+    if step < warm:
+        return (step + 1) / warm
+    if cfg.name == "constant":
+        return 1.0
+    progress = (step - warm) / max(1, total_steps - warm)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * cosine
