@@ -23,7 +23,8 @@ def _compose(*overrides: str) -> Config:
 def test_default_composes_to_the_embedded_default():
     cfg = _compose()
     assert cfg.target.path is None and cfg.data.source == "chatterbot"
-    assert cfg.schedule.name == "cosine" and cfg.draft.ttt_steps == 7 and cfg.draft.vocab_size == 32000
+    assert cfg.schedule.name == "cosine" and cfg.draft.ttt_steps == 7
+    assert cfg.draft.vocab_size == 4096 and cfg.schedule.lr == 1e-3  # sized for the small corpus
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

@@ -250,6 +250,14 @@ def _draft_checksum(trainer: Trainer) -> float:
     return float(sum(p.detach().double().abs().sum() for p in trainer.engine.module.draft.parameters()))
 
 
+def _shard_overlap(trainer: Trainer) -> int:
+    """Samples (by token content) that more than one rank trains on in epoch 0; 0 when disjoint."""
+    mine = {hash(tuple(row[:n].tolist())) for b in trainer.batches(trainer.train_samples, 0) for row, n in zip(b.input_ids, b.lengths)}
+    every = [None] * trainer.par.world
+    torch.distributed.all_gather_object(every, mine)
+    return sum(len(a & b) for i, a in enumerate(every) for b in every[i + 1 :])
+
+
 def print_summary(summary: dict) -> None:
     rows = [
         ("optimizer steps", summary["steps"]),
@@ -274,6 +282,7 @@ def run(cfg: Config, run_dir: Path) -> dict:
     checksums = [None] * par.world
     torch.distributed.all_gather_object(checksums, _draft_checksum(trainer))
     summary["draft_checksums"] = checksums
+    summary["shard_overlap"] = _shard_overlap(trainer)
     summary["summary_path"] = str(run_dir / "summary.json")
     if par.is_main:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
