@@ -37,6 +37,8 @@ def test_grok_recipe_runs_with_a_step_cap_and_exports(tmp_path):
     assert all(torch.isfinite(torch.tensor(v)) for v in summary["eval"].values())
     assert list(tmp_path.glob("wandb/offline-run-*")), "no offline wandb run written"
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 3
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 3] and "train/acc_0" in rows[1] and "eval/sim_accept_len" in rows[0]
     # the export loads back strictly, on the target's embedding, with the trained weights
     target = HFTargetEngine.from_path(Path(os.environ["STREAMDRAFT_CACHE"]) / "smollm2-135m-instruct")
     draft, vocab, config = load_export(tmp_path / "export", embed_weight=target.embed_weight)

@@ -180,7 +180,7 @@ class Trainer:
         if self.par.device.type == "cuda":
             torch.cuda.synchronize()
 
-    def _epoch(self, epoch: int, wb, bar) -> None:
+    def _epoch(self, epoch: int, sink, bar) -> None:
         accum, every = self.cfg.deepspeed.grad_accum, self.cfg.trainer.log_every
         stream = feature_stream(self.target.engine, self.batches(self.train_samples, epoch), self.par.device)
         stats, tokens, times, t_window = None, 0, {"target": 0.0, "draft": 0.0}, time.perf_counter()
@@ -204,8 +204,8 @@ class Trainer:
             if self.step % every == 0 or self.step == self.total_steps:
                 row = self._log_window(stats, tokens, times, time.perf_counter() - t_window)
                 bar.set_postfix(loss=f"{row[M.LOSS]:.3f}", acc0=f"{row[M.step_acc(0)]:.3f}", tok_s=f"{row[M.TOKENS_PER_S]:.0f}")
-                if wb is not None:
-                    wb.log(row | {"epoch": epoch}, step=self.step)
+                if sink is not None:
+                    sink.log(row | {"epoch": epoch}, step=self.step)
                 stats, tokens, times, t_window = None, 0, {"target": 0.0, "draft": 0.0}, time.perf_counter()
             if self.cfg.trainer.export_every and self.step % self.cfg.trainer.export_every == 0:
                 self.export()
@@ -213,13 +213,13 @@ class Trainer:
     def fit(self) -> dict:
         """Evaluate the untrained draft, train, export, evaluate again; returns the summary."""
         start = time.perf_counter()
-        wb = M.start_wandb(self.cfg.wandb, self.run_dir, asdict(self.cfg)) if self.par.is_main else None
+        sink = M.MetricsSink(self.cfg.wandb, self.run_dir, asdict(self.cfg)) if self.par.is_main else None
         untrained = self.evaluate()
-        if wb is not None:
-            wb.log(untrained, step=0)
+        if sink is not None:
+            sink.log(untrained, step=0)
         bar = tqdm(total=self.total_steps, disable=not self.par.is_main, desc="train", unit="step")
         for epoch in range(self.cfg.trainer.epochs):
-            self._epoch(epoch, wb, bar)
+            self._epoch(epoch, sink, bar)
         bar.close()
         export_dir = self.export()
         trained = self.evaluate()
@@ -232,10 +232,9 @@ class Trainer:
             "export_dir": str(export_dir),
             "data": asdict(self.data_stats),
         }
-        if wb is not None:
-            wb.log(trained, step=self.step)
-            wb.summary.update({k: v for k, v in summary.items() if not isinstance(v, dict)})
-            wb.finish()
+        if sink is not None:
+            sink.log(trained, step=self.step)
+            sink.finish(summary)
         return summary
 
 

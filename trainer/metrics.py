@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -27,11 +28,26 @@ def step_acc(k: int, split: str = "train") -> str:
     return f"{split}/acc_{k}"
 
 
-def start_wandb(cfg: WandbConfig, run_dir: Path, config: dict):
-    """A wandb run under ``run_dir``; offline unless WANDB_MODE or the config say otherwise."""
-    import wandb
+METRICS_FILE = "metrics.jsonl"  # one JSON object per logged step: {"step": n, name: value, ...}
 
-    mode = os.environ.get("WANDB_MODE", cfg.mode)
-    return wandb.init(
-        project=cfg.project, entity=cfg.entity, name=cfg.name, mode=mode, dir=str(run_dir), config=config
-    )
+
+class MetricsSink:
+    """Where rank 0's metrics go: wandb (offline unless WANDB_MODE or the config say
+    otherwise) and ``run_dir/metrics.jsonl``, which needs no wandb to read back."""
+
+    def __init__(self, cfg: WandbConfig, run_dir: Path, config: dict):
+        import wandb
+
+        mode = os.environ.get("WANDB_MODE", cfg.mode)
+        self.run = wandb.init(project=cfg.project, entity=cfg.entity, name=cfg.name, mode=mode, dir=str(run_dir), config=config)
+        self.path = run_dir / METRICS_FILE
+        self.path.write_text("")
+
+    def log(self, row: dict[str, float], step: int) -> None:
+        self.run.log(row, step=step)
+        with self.path.open("a") as f:
+            f.write(json.dumps({"step": step, **row}) + "\n")
+
+    def finish(self, summary: dict) -> None:
+        self.run.summary.update({k: v for k, v in summary.items() if not isinstance(v, (dict, list))})
+        self.run.finish()
