@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models.attention import KVCache, ttt_attention
+
 
 @dataclass(frozen=True)
 class DraftShape:
@@ -99,9 +101,6 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
-KVCache = list[tuple[Tensor, Tensor]]  # per TTT step: (k, v), each [B, H_kv, T, D]
-
-
 class Attention(nn.Module):
     def __init__(self, s: DraftShape):
         super().__init__()
@@ -123,23 +122,6 @@ class Attention(nn.Module):
         cache.append((k, v))
         out = ttt_attention(q, cache, s.num_attention_heads // s.num_key_value_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
-
-
-def ttt_attention(q: Tensor, cache: KVCache, groups: int) -> Tensor:
-    """q [B, H, T, D] against step-0 keys (causal) + the same-row keys of steps 1..k."""
-    scale = q.shape[-1] ** -0.5
-    k0, v0 = (x.repeat_interleave(groups, dim=1) for x in cache[0])  # [B, H, T, D]
-    t = q.shape[2]
-    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-    scores0 = (q @ k0.transpose(-1, -2)) * scale  # [B, H, T, T]
-    scores0 = scores0.masked_fill(~causal, torch.finfo(scores0.dtype).min)
-    later = [(k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)) for k, v in cache[1:]]
-    diag = [(q * k).sum(-1, keepdim=True) * scale for k, _ in later]  # each [B, H, T, 1]
-    probs = torch.softmax(torch.cat([scores0, *diag], dim=-1).float(), dim=-1).to(q.dtype)
-    out = probs[..., :t] @ v0  # [B, H, T, D]
-    for j, (_, v) in enumerate(later):
-        out = out + probs[..., t + j : t + j + 1] * v
-    return out
 
 
 class MLP(nn.Module):

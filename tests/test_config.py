@@ -22,7 +22,7 @@ def _compose(*overrides: str) -> Config:
 
 def test_default_composes_to_the_embedded_default():
     cfg = _compose()
-    assert cfg.target.path is None and cfg.data.source == "chatterbot"
+    assert cfg.target.path is None and list(cfg.data.sources) == ["chatterbot"] and cfg.data.mix is None
     assert cfg.schedule.name == "cosine" and cfg.draft.ttt_steps == 7
     assert cfg.draft.vocab_size == 4096 and cfg.schedule.lr == 1e-3  # sized for the small corpus
 
@@ -50,7 +50,7 @@ def test_wrong_type_is_refused():
 
 
 @pytest.mark.parametrize(
-    "override, key", [("schedule.name=linear", "schedule.name"), ("draft.ttt_steps=0", "draft.ttt_steps"), ("data.source=web", "data.source")]
+    "override, key", [("schedule.name=linear", "schedule.name"), ("draft.ttt_steps=0", "draft.ttt_steps"), ("data.mix={web:1.0}", "data.mix")]
 )
 def test_bad_value_names_the_key(override, key):
     with pytest.raises(ValueError, match=key):

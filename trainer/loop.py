@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
+import signal
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -13,14 +15,19 @@ from tqdm import tqdm
 from models.draft import Eagle3Draft, draft_shape_for
 from models.vocab_map import VocabMap, build_vocab_map, count_tokens
 from serving.export import export_sglang
+from trainer import checkpoint as ckpt
 from trainer import metrics as M
 from trainer.batch import FeatureBatch, TokenBatch
 from trainer.config import Config
 from trainer.data import EncodedSample, token_batches
+from serving.pipeline import export_verify_eval
+from serving.prompts import prompts_from_conversations
 from trainer.dist import Parallel, init_parallel, resolve_device
+from trainer.report import REPORT_DIR, REPORT_FILE, format_summary, write_report
 from trainer.schedule import lr_factor
-from trainer.sources import TargetBundle, load_target, prepare_samples
-from trainer.stream import feature_stream
+from trainer.sources import TargetBundle, load_target, padded_batcher, prepare_data
+from trainer.stream import TargetSource, open_feature_stream
+from trainer.target_factory import PathTarget
 from trainer.ttt import TTTObjective, TTTOutput, simulated_accept_length, target_labels
 
 
@@ -67,9 +74,29 @@ def _deepspeed_config(cfg: Config, bf16: bool) -> dict:
         "gradient_accumulation_steps": cfg.deepspeed.grad_accum,
         "gradient_clipping": cfg.deepspeed.grad_clip,
         "zero_optimization": {"stage": cfg.deepspeed.zero_stage},
-        "bf16": {"enabled": bf16},
+        "bf16": {"enabled": bf16},  # check_grad_overflow defaults on: a non-finite gradient skips the update
         "steps_per_print": 10**9,
     }
+
+
+@dataclass
+class Window:
+    """What the trainer accumulates between two log rows."""
+
+    stats: StepStats | None = None
+    tokens: int = 0
+    target_s: float = 0.0
+    draft_s: float = 0.0
+    steps: int = 0
+    start: float = field(default_factory=time.perf_counter)
+
+    def add(self, stats: StepStats, tokens: int, target_s: float, draft_s: float) -> None:
+        self.stats = stats if self.stats is None else self.stats.add(stats)
+        self.tokens, self.target_s, self.draft_s = self.tokens + tokens, self.target_s + target_s, self.draft_s + draft_s
+
+
+class Stop(Exception):
+    """Raised inside the loop when a signal asked the run to stop after the current step."""
 
 
 class Trainer:
@@ -79,12 +106,23 @@ class Trainer:
         torch.manual_seed(cfg.trainer.seed)
         self.dtype = _dtype(cfg.target.dtype, self.par.device)
         self.target: TargetBundle = load_target(cfg.target, self.par.device, self.dtype)
-        self.train_samples, self.eval_samples, self.data_stats = prepare_samples(cfg.data, self.target.tokenizer, cfg.trainer.seed)
-        self.vocab = self._vocab_map(self.train_samples)
+        ids = tuple(self.target.engine.info.aux_layer_ids)
+        self.target_source = TargetSource(PathTarget(cfg.target.path, ids, self.dtype), engine=self.target.engine)
+        self.data = prepare_data(cfg.data, self.target.tokenizer, cfg.trainer.seed)
+        self.loader = self.data.train_loader(padded_batcher(cfg.data, self.target.pad_id), self.par.rank, self.par.world)
+        self.eval_samples = self.data.eval_samples()
+        self.prompts = prompts_from_conversations(self.data.heldout_conversations(), limit=cfg.trainer.eval_prompts)
+        self.ckpt_root = self.run_dir / "checkpoints"
+        resume_from = self._resume_path()
+        built = self._vocab_map([s for samples in self.data.train.values() for s in samples])
+        self.vocab = VocabMap.load(resume_from / ckpt.VOCAB_FILE) if resume_from else built
         self.draft_to_target = self.vocab.draft_to_target.to(self.par.device)
         self.t2d = self.vocab.t2d.to(self.par.device)
         self.engine = self._deepspeed_engine()
-        self.step = 0
+        self.step, self.pos, self.nonfinite, self.resumed_from = 0, ckpt.Position(0, 0, 0), 0, resume_from
+        self.stop_signal: str | None = None
+        if resume_from:
+            self._resume(resume_from, built)
 
     def _vocab_map(self, samples: list[EncodedSample]) -> VocabMap:
         pairs = ((torch.tensor(s.input_ids), torch.tensor(s.loss_mask)) for s in samples)
@@ -107,16 +145,66 @@ class Trainer:
         )
         return engine
 
-    def batches(self, samples: list[EncodedSample], epoch: int) -> list[TokenBatch]:
-        return token_batches(
-            samples, self.cfg.data.max_tokens, self.cfg.trainer.seed, epoch, self.par.rank, self.par.world, self.target.pad_id
+    # ------------------------------------------------------------------ resume and checkpoints
+
+    def fingerprint(self, vocab: VocabMap) -> dict:
+        """What a checkpoint was trained on; a resume compares it (trainer.resume_allow)."""
+        info, cfg = self.target.engine.info, self.cfg
+        return {
+            "target": {"architecture": info.architecture, "layers": info.num_layers, "hidden": info.hidden_size,
+                       "vocab": info.vocab_size, "aux_layer_ids": list(info.aux_layer_ids)},
+            "draft": self.engine.module.draft.shape.to_dict() | {"ttt_steps": cfg.draft.ttt_steps, "norm_output": cfg.draft.norm_output},
+            "vocab_map": ckpt.vocab_digest(vocab),
+            "data": asdict(cfg.data) | {"seed": cfg.trainer.seed},
+            "schedule": asdict(cfg.schedule) | {"epochs": cfg.trainer.epochs, "max_steps": cfg.trainer.max_steps},
+            "parallel": {"world": self.par.world, "zero_stage": cfg.deepspeed.zero_stage, "grad_accum": cfg.deepspeed.grad_accum},
+        }  # fmt: skip
+
+    def _resume_path(self) -> Path | None:
+        resume = self.cfg.trainer.resume
+        if resume is None:
+            return None
+        if resume == "auto":
+            return ckpt.latest(self.ckpt_root)
+        path = Path(resume)
+        found = path if ckpt.is_complete(path) else ckpt.latest(path / "checkpoints")
+        if found is None:
+            raise ValueError(f"config trainer.resume: {path} is neither a checkpoint nor a run dir with checkpoints")
+        return found
+
+    def _resume(self, path: Path, built: VocabMap) -> None:
+        allow = list(self.cfg.trainer.resume_allow) + (["vocab_map"] if "data" in self.cfg.trainer.resume_allow else [])
+        saved = ckpt.read_meta(path)["fingerprint"]
+        diffs = ckpt.differences(saved, self.fingerprint(built), allow)
+        if diffs:
+            raise ValueError(
+                f"cannot resume from {path}, it differs from this run:\n  " + "\n  ".join(diffs)
+                + "\n(trainer.resume_allow=[data] or [schedule] permits a deliberate change of data or schedule)"
+            )
+        self.pos, data_state = ckpt.load(self.engine, path)
+        self.loader.load_state_dict(data_state, strict="data" not in allow)
+        self.step = self.pos.step
+
+    def save(self) -> Path:
+        data_state = self.loader.state_for(self.pos.epoch, self.pos.micro)  # what was trained, not what was read ahead
+        return ckpt.save(
+            self.engine, self.ckpt_root, self.pos, data_state, self.fingerprint(self.vocab), self.vocab, asdict(self.cfg),
+            self.cfg.trainer.keep_last, self.par.is_main,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ steps
+
+    def eval_batches(self) -> list[TokenBatch]:
+        batches = token_batches(
+            self.eval_samples, self.cfg.data.max_tokens, self.cfg.trainer.seed, 0, self.par.rank, self.par.world, self.target.pad_id
         )
+        return batches[: self.cfg.trainer.eval_batches]
 
     def _total_steps(self) -> int:
-        per_epoch = len(self.batches(self.train_samples, 0)) // self.cfg.deepspeed.grad_accum
+        per_epoch = self.loader.batches_per_rank(0) // self.cfg.deepspeed.grad_accum
         if per_epoch == 0:
             raise ValueError(
-                f"data: {len(self.train_samples)} training samples make no full optimizer step for "
+                f"data: {self.data.mix.epoch_samples} training samples an epoch make no full optimizer step for "
                 f"{self.par.world} rank(s) x grad_accum {self.cfg.deepspeed.grad_accum} at data.max_tokens {self.cfg.data.max_tokens}"
             )
         total = per_epoch * self.cfg.trainer.epochs
@@ -127,8 +215,26 @@ class Trainer:
         t = fb.tokens
         return self.engine(t.input_ids, t.loss_mask, t.lengths, fb.aux, labels, self.draft_to_target)
 
-    def train_step(self, fb: FeatureBatch) -> TTTOutput:
+    def _all_agree(self, ok: bool) -> bool:
+        flag = torch.tensor([1.0 if ok else 0.0])
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+        return bool(flag.item())
+
+    def _nonfinite(self, what: str) -> None:
+        """Count a non-finite loss or gradient; stop unless trainer.on_nan=skip."""
+        self.nonfinite += 1
+        if self.cfg.trainer.on_nan == "stop":
+            last = ckpt.latest(self.ckpt_root)
+            raise RuntimeError(
+                f"non-finite {what} at step {self.step + 1} (trainer.on_nan=stop); last good checkpoint: {last}"
+            )
+
+    def train_step(self, fb: FeatureBatch) -> TTTOutput | None:
+        """Forward, backward, and (at an accumulation boundary) DeepSpeed's step; None if skipped."""
         out = self._forward(fb)
+        if not self._all_agree(bool(torch.isfinite(out.loss))):
+            self._nonfinite("loss")
+            return None
         self.engine.backward(out.loss)
         self.engine.step()
         return out
@@ -136,106 +242,160 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         self.engine.eval()
-        batches = self.batches(self.eval_samples, 0)[: self.cfg.trainer.eval_batches]
+        batches = self.eval_batches()
         stats = None
-        for fb in feature_stream(self.target.engine, batches, self.par.device):
-            s = StepStats.of(self._forward(fb))
-            stats = s if stats is None else stats.add(s)
+        with open_feature_stream(self.cfg.engine, self.target_source, batches, self.par.device) as stream:
+            for fb in stream:
+                s = StepStats.of(self._forward(fb))
+                stats = s if stats is None else stats.add(s)
         self.engine.train()
         return stats.all_reduce().report("eval")
 
-    def export(self) -> Path:
-        """The SGLang export of the current draft (rank 0 writes; ZeRO-3 gathers first)."""
+    def serve_eval(self) -> dict:
+        """Export for SGLang and vLLM, verify both, and decode the held-out prompts speculatively
+        with the SGLang export loaded back from disk (rank 0; ZeRO-3 gathers first). Every rank
+        gets the result."""
         import deepspeed
 
-        out_dir = self.run_dir / "export"
-        draft = self.engine.module.draft
+        draft, result = self.engine.module.draft, [None]
         with deepspeed.zero.GatheredParameters(list(draft.parameters()), enabled=self.cfg.deepspeed.zero_stage == 3):
             if self.par.is_main:
-                export_sglang(
-                    out_dir, draft, self.vocab, list(self.target.engine.info.aux_layer_ids), self.cfg.draft.norm_output,
-                    dtype=torch.bfloat16, target_architecture=self.target.engine.info.architecture,
-                    target_num_layers=self.target.engine.info.num_layers,
-                )
-        torch.distributed.barrier()
-        return out_dir
+                source = Path(self.target.engine.info.source)
+                result[0] = export_verify_eval(
+                    draft, self.vocab, self.target.engine, self.target.tokenizer, self.prompts, self.run_dir / "export",
+                    norm_output=self.cfg.draft.norm_output, k=self.cfg.trainer.spec_tokens,
+                    max_new_tokens=self.cfg.trainer.eval_max_new_tokens, target_dir=source if source.is_dir() else None,
+                )  # fmt: skip
+        torch.distributed.broadcast_object_list(result, src=0)
+        return result[0]
 
-    def _log_window(self, stats: StepStats, tokens: int, times: dict[str, float], wall: float) -> dict[str, float]:
-        packed = torch.tensor([float(tokens)])
+    # ------------------------------------------------------------------ the loop
+
+    def _log_row(self, w: Window) -> dict[str, float]:
+        packed = torch.tensor([float(w.tokens)])
         torch.distributed.all_reduce(packed)
-        row = stats.all_reduce().report("train")
+        wall, n = time.perf_counter() - w.start, max(1, w.steps)
+        row = w.stats.all_reduce().report("train") if w.stats is not None else {}
         row.update({
-            M.LR: self.engine.get_lr()[0],
-            M.TOKENS_PER_S: packed.item() / wall,
-            M.STEP_TIME: wall / self.cfg.trainer.log_every,
-            M.TARGET_TIME: times["target"] / self.cfg.trainer.log_every,
-            M.DRAFT_TIME: times["draft"] / self.cfg.trainer.log_every,
-        })
+            M.LR: self.engine.get_lr()[0], M.TOKENS_PER_S: packed.item() / wall, M.STEP_TIME: wall / n,
+            M.TARGET_TIME: w.target_s / n, M.DRAFT_TIME: w.draft_s / n, M.NONFINITE: float(self.nonfinite),
+            M.STALL_SHARE: w.target_s / max(1e-9, w.target_s + w.draft_s),
+        })  # fmt: skip
         grad_norm = self.engine.get_global_grad_norm()
-        if grad_norm is not None:
+        if grad_norm is not None and math.isfinite(grad_norm):
             row[M.GRAD_NORM] = float(grad_norm)
+        if self.par.device.type == "cuda":
+            row[M.GPU_MEM] = torch.cuda.max_memory_allocated(self.par.device) / 2**30
         return row
 
     def _sync(self) -> None:
         if self.par.device.type == "cuda":
             torch.cuda.synchronize()
 
-    def _epoch(self, epoch: int, sink, bar) -> None:
-        accum, every = self.cfg.deepspeed.grad_accum, self.cfg.trainer.log_every
-        stream = feature_stream(self.target.engine, self.batches(self.train_samples, epoch), self.par.device)
-        stats, tokens, times, t_window = None, 0, {"target": 0.0, "draft": 0.0}, time.perf_counter()
-        micro = 0
+    def _after_step(self, epoch: int, consumed: int, w: Window, sink, bar) -> Window:
+        """Book-keeping at an optimizer-step boundary; returns the (possibly new) log window."""
+        self.step, w.steps = self.step + 1, w.steps + 1
+        self.pos = ckpt.Position(self.step, epoch, consumed)
+        grad_norm = self.engine.get_global_grad_norm()
+        if grad_norm is not None and not math.isfinite(grad_norm):
+            self._nonfinite("gradient")  # DeepSpeed has already skipped this update
+        bar.update(1)
+        if self.step % self.cfg.trainer.log_every == 0 or self.step == self.total_steps:
+            row = self._log_row(w)
+            if M.step_acc(0) in row:
+                bar.set_postfix(loss=f"{row[M.LOSS]:.3f}", acc0=f"{row[M.step_acc(0)]:.3f}", tok_s=f"{row[M.TOKENS_PER_S]:.0f}")
+            if sink is not None:
+                sink.log(row | {"epoch": epoch}, step=self.step)
+            w = Window()
+        every = self.cfg.trainer
+        if every.export_every and self.step % every.export_every == 0:
+            served = self.serve_eval()
+            if sink is not None:
+                sink.log(_metrics_only(served), step=self.step)
+        stop = not self._all_agree(self.stop_signal is None)
+        if (every.checkpoint_every and self.step % every.checkpoint_every == 0) or stop:
+            self.save()
+        if stop:
+            raise Stop()
+        return w
+
+    def _epoch(self, epoch: int, sink, bar) -> bool:
+        """Train on the rest of ``epoch``; False when the step cap ended the run inside it."""
+        start = self.pos.micro if self.pos.epoch == epoch else 0
+        batches = self.loader.epoch_batches(epoch)  # from the restored position when resuming into this epoch
+        with open_feature_stream(self.cfg.engine, self.target_source, batches, self.par.device) as stream:
+            return self._consume(stream, epoch, start, sink, bar)
+
+    def _consume(self, stream, epoch: int, consumed: int, sink, bar) -> bool:
+        accum, w, accumulated = self.cfg.deepspeed.grad_accum, Window(), 0
         while self.step < self.total_steps:
             t0 = time.perf_counter()
             fb = next(stream, None)
             if fb is None:
-                return
+                return True
             self._sync()
             t1 = time.perf_counter()
-            s = StepStats.of(self.train_step(fb))
+            out = self.train_step(fb)
             self._sync()
-            times["target"] += t1 - t0
-            times["draft"] += time.perf_counter() - t1
-            stats, tokens, micro = (s if stats is None else stats.add(s)), tokens + int(fb.tokens.lengths.sum()), micro + 1
-            if micro % accum:
-                continue
-            self.step += 1
-            bar.update(1)
-            if self.step % every == 0 or self.step == self.total_steps:
-                row = self._log_window(stats, tokens, times, time.perf_counter() - t_window)
-                bar.set_postfix(loss=f"{row[M.LOSS]:.3f}", acc0=f"{row[M.step_acc(0)]:.3f}", tok_s=f"{row[M.TOKENS_PER_S]:.0f}")
-                if sink is not None:
-                    sink.log(row | {"epoch": epoch}, step=self.step)
-                stats, tokens, times, t_window = None, 0, {"target": 0.0, "draft": 0.0}, time.perf_counter()
-            if self.cfg.trainer.export_every and self.step % self.cfg.trainer.export_every == 0:
-                self.export()
+            consumed += 1
+            if out is not None:
+                w.add(StepStats.of(out), int(fb.tokens.lengths.sum()), t1 - t0, time.perf_counter() - t1)
+                accumulated += 1
+            if out is not None and accumulated % accum == 0:
+                w = self._after_step(epoch, consumed, w, sink, bar)
+        return False
+
+    def _train(self, sink) -> None:
+        bar = tqdm(total=self.total_steps, initial=self.step, disable=not self.par.is_main, desc="train", unit="step")
+        try:
+            for epoch in range(self.pos.epoch, self.cfg.trainer.epochs):
+                finished = self._epoch(epoch, sink, bar)
+                if not finished:
+                    break
+                self.pos = ckpt.Position(self.step, epoch + 1, 0)
+                self.save()
+            else:
+                return
+            self.save()  # the step cap ended the run inside an epoch
+        finally:
+            bar.close()
 
     def fit(self) -> dict:
         """Evaluate the untrained draft, train, export, evaluate again; returns the summary."""
         start = time.perf_counter()
-        sink = M.MetricsSink(self.cfg.wandb, self.run_dir, asdict(self.cfg)) if self.par.is_main else None
-        untrained = self.evaluate()
-        if sink is not None:
+        sink = M.MetricsSink(self.cfg.wandb, self.run_dir, asdict(self.cfg), resume=self.resumed_from is not None) if self.par.is_main else None
+        untrained = None if self.resumed_from else self.evaluate()
+        if sink is not None and untrained is not None:
             sink.log(untrained, step=0)
-        bar = tqdm(total=self.total_steps, disable=not self.par.is_main, desc="train", unit="step")
-        for epoch in range(self.cfg.trainer.epochs):
-            self._epoch(epoch, sink, bar)
-        bar.close()
-        export_dir = self.export()
-        trained = self.evaluate()
+        try:
+            self._train(sink)
+            trained = self.evaluate()
+        finally:
+            self.target_source.close()
+        served = self.serve_eval()
+        trained |= _metrics_only(served)
         summary = {
             "steps": self.step,
             "wall_time_s": time.perf_counter() - start,
-            "untrained_eval_sim_accept_len": untrained[M.EVAL_SIM_ACCEPT],
+            "resumed_from": str(self.resumed_from) if self.resumed_from else None,
+            "untrained_eval_sim_accept_len": untrained[M.EVAL_SIM_ACCEPT] if untrained else None,
             "eval_sim_accept_len": trained[M.EVAL_SIM_ACCEPT],
             "eval": trained,
-            "export_dir": str(export_dir),
-            "data": asdict(self.data_stats),
+            "nonfinite_skipped": self.nonfinite,
+            "checkpoint": str(ckpt.latest(self.ckpt_root)),
+            "export_dir": served["export_dirs"]["sglang"],
+            "export_dirs": served["export_dirs"],
+            "verify": served["verify"],
+            "data": self.data.report(),
         }
         if sink is not None:
             sink.log(trained, step=self.step)
             sink.finish(summary)
         return summary
+
+
+def _metrics_only(served: dict) -> dict[str, float]:
+    return {k: v for k, v in served.items() if k.startswith("eval/")}
 
 
 def _shared_run_dir(run_dir: Path) -> Path:
@@ -251,24 +411,20 @@ def _draft_checksum(trainer: Trainer) -> float:
 
 def _shard_overlap(trainer: Trainer) -> int:
     """Samples (by token content) that more than one rank trains on in epoch 0; 0 when disjoint."""
-    mine = {hash(tuple(row[:n].tolist())) for b in trainer.batches(trainer.train_samples, 0) for row, n in zip(b.input_ids, b.lengths)}
+    loader = trainer.data.train_loader(padded_batcher(trainer.cfg.data, trainer.target.pad_id), trainer.par.rank, trainer.par.world)
+    mine = {hash(tuple(row[:n].tolist())) for b in loader.epoch_batches(0) for row, n in zip(b.input_ids, b.lengths)}
     every = [None] * trainer.par.world
     torch.distributed.all_gather_object(every, mine)
     return sum(len(a & b) for i, a in enumerate(every) for b in every[i + 1 :])
 
 
-def print_summary(summary: dict) -> None:
-    rows = [
-        ("optimizer steps", summary["steps"]),
-        ("wall time", f"{summary['wall_time_s']:.1f} s"),
-        ("held-out sim. accept length, untrained", f"{summary['untrained_eval_sim_accept_len']:.3f}"),
-        ("held-out sim. accept length, trained", f"{summary['eval_sim_accept_len']:.3f}"),
-        ("held-out acc_0", f"{summary['eval']['eval/acc_0']:.3f}"),
-        ("export (SGLang)", summary["export_dir"]),
-        ("summary", summary["summary_path"]),
-    ]
-    width = max(len(k) for k, _ in rows)
-    print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
+def _stop_on_signals(trainer: Trainer) -> dict:
+    """SIGTERM / SIGINT ask the trainer to stop after the current step; returns the old handlers."""
+
+    def handler(signum, frame) -> None:
+        trainer.stop_signal = signal.Signals(signum).name
+
+    return {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
 
 
 def run(cfg: Config, run_dir: Path) -> dict:
@@ -277,13 +433,26 @@ def run(cfg: Config, run_dir: Path) -> dict:
     run_dir = _shared_run_dir(run_dir / cfg.trainer.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     trainer = Trainer(cfg, run_dir, par)
-    summary = trainer.fit()
+    previous = _stop_on_signals(trainer)
+    try:
+        summary = trainer.fit()
+    except Stop:
+        raise SystemExit(
+            f"stopped by {trainer.stop_signal} after step {trainer.step}; checkpoint saved to "
+            f"{ckpt.latest(trainer.ckpt_root)}.\nResume with the same overrides plus: "
+            f"trainer.resume=auto hydra.run.dir={run_dir}"
+        ) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     checksums = [None] * par.world
     torch.distributed.all_gather_object(checksums, _draft_checksum(trainer))
     summary["draft_checksums"] = checksums
     summary["shard_overlap"] = _shard_overlap(trainer)
     summary["summary_path"] = str(run_dir / "summary.json")
+    summary["report"] = str(run_dir / REPORT_DIR / REPORT_FILE)
     if par.is_main:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        print_summary(summary)
+        write_report(run_dir)
+        print(format_summary(summary))
     return summary

@@ -1,10 +1,12 @@
-"""Metric names (one place, shared by the logger and later the dashboards) and the wandb run."""
+"""Metric names (one place, shared by the logger, the wandb dashboard and the offline report)
+and the wandb run. ``trainer.panels`` arranges these names into the panels both draw."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
+from typing import Mapping
 
 from trainer.config import WandbConfig
 
@@ -18,6 +20,55 @@ TARGET_TIME = "perf/target_time_s"
 DRAFT_TIME = "perf/draft_time_s"
 EVAL_LOSS = "eval/loss"
 EVAL_SIM_ACCEPT = "eval/sim_accept_len"
+NONFINITE = "train/nonfinite_skipped"  # non-finite losses / gradients so far (trainer.on_nan)
+EPOCH = "epoch"
+
+# real speculative decoding against the target with the exported draft loaded back from disk
+# (DESIGN contract 6; serving.eval / serving.pipeline)
+EVAL_ACCEPT_LEN = "eval/accept_len"  # tau: tokens per target verify forward, bonus included (1 = none accepted)
+EVAL_SPEC_CYCLES = "eval/spec_cycles"  # verify forwards the measurement ran
+EVAL_VERIFY_PROBLEMS = "eval/verify_problems"  # export verification problems, SGLang + vLLM (expect 0)
+
+# performance beyond throughput and step times
+MFU = "perf/mfu"  # model FLOPs utilisation of the draft trainer, 0..1
+STALL_SHARE = "perf/stall_share"  # share of step time the trainer waited on the feature stream, 0..1
+GPU_MEM = "perf/gpu_mem_gb"  # peak GPU memory allocated by the trainer rank, GiB
+
+# data figures (DatasetStats fields, see data_metrics); logged once, kept in the run summary
+DATA_CONVERSATIONS = "data/conversations"
+DATA_SAMPLES = "data/samples"
+DATA_TOKENS = "data/tokens"
+DATA_MASKED_TOKENS = "data/masked_tokens"
+DATA_TRUNCATED = "data/truncated"
+DATA_BOUNDARY_TOKENS = "data/boundary_tokens"
+DATA_SKIPPED_MALFORMED = "data/skipped_malformed"
+DATA_SKIPPED_NO_ASSISTANT = "data/skipped_no_assistant"
+DATA_SKIPPED_DUPLICATES = "data/skipped_duplicates"
+DATA_SKIPPED_NO_MASKED = "data/skipped_no_masked_token"
+DATA_SKIPPED_OVERLONG = "data/skipped_overlong"  # samples longer than data.max_len, dropped
+DATA_LEADING_TURNS_DROPPED = "data/leading_turns_dropped"  # assistant turns before the first user turn
+DATA_THINKING_TOKENS = "data/thinking_tokens"  # assistant tokens kept out of the mask as thinking
+DATA_SKIPPED = (
+    DATA_SKIPPED_MALFORMED, DATA_SKIPPED_NO_ASSISTANT, DATA_SKIPPED_DUPLICATES, DATA_SKIPPED_NO_MASKED,
+    DATA_SKIPPED_OVERLONG, DATA_LEADING_TURNS_DROPPED,
+)  # fmt: skip
+DATA_MIX_PREFIX = "data/mix/"
+
+_DATA_FIELDS = {  # DatasetStats field -> metric name; other numeric fields become data/<field>
+    "conversations": DATA_CONVERSATIONS,
+    "samples": DATA_SAMPLES,
+    "tokens": DATA_TOKENS,
+    "masked_tokens": DATA_MASKED_TOKENS,
+    "truncated": DATA_TRUNCATED,
+    "boundary_tokens": DATA_BOUNDARY_TOKENS,
+    "malformed": DATA_SKIPPED_MALFORMED,
+    "no_assistant": DATA_SKIPPED_NO_ASSISTANT,
+    "duplicates": DATA_SKIPPED_DUPLICATES,
+    "no_masked_token": DATA_SKIPPED_NO_MASKED,
+    "overlong_dropped": DATA_SKIPPED_OVERLONG,
+    "leading_turns_dropped": DATA_LEADING_TURNS_DROPPED,
+    "thinking_tokens": DATA_THINKING_TOKENS,
+}
 
 
 def step_loss(k: int, split: str = "train") -> str:
@@ -28,6 +79,37 @@ def step_acc(k: int, split: str = "train") -> str:
     return f"{split}/acc_{k}"
 
 
+def accept_rate(k: int) -> str:
+    """Share of verify forwards in which draft position k (0-based) was accepted (real decoding)."""
+    return f"eval/accept_rate_{k}"
+
+
+def cond_accept_rate(k: int) -> str:
+    """Share of verify forwards reaching draft position k in which it was accepted (real decoding)."""
+    return f"eval/cond_accept_rate_{k}"
+
+
+def mix_share(source: str) -> str:
+    """Share of the training samples that came from data source ``source`` (0..1)."""
+    return f"{DATA_MIX_PREFIX}{source}"
+
+
+def data_metrics(stats: Mapping[str, object]) -> dict[str, float]:
+    """The data figures of a run (``DatasetStats.as_dict()``, i.e. ``summary["data"]``) under
+    their metric names. A ``mix`` mapping of source -> share becomes ``data/mix/<source>``;
+    other numeric fields become ``data/<field>``; per-source counters (``sources``) and text
+    fields are left out."""
+    out: dict[str, float] = {}
+    for field, value in stats.items():
+        if field == "mix":
+            if not isinstance(value, Mapping):
+                raise ValueError(f"data stats: mix must map source -> share, got {value!r}")
+            out.update({mix_share(str(src)): float(share) for src, share in value.items()})
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[_DATA_FIELDS.get(field, f"data/{field}")] = value  # counts stay ints
+    return out
+
+
 METRICS_FILE = "metrics.jsonl"  # one JSON object per logged step: {"step": n, name: value, ...}
 
 
@@ -35,13 +117,14 @@ class MetricsSink:
     """Where rank 0's metrics go: wandb (offline unless WANDB_MODE or the config say
     otherwise) and ``run_dir/metrics.jsonl``, which needs no wandb to read back."""
 
-    def __init__(self, cfg: WandbConfig, run_dir: Path, config: dict):
+    def __init__(self, cfg: WandbConfig, run_dir: Path, config: dict, resume: bool = False):
         import wandb
 
         mode = os.environ.get("WANDB_MODE", cfg.mode)
         self.run = wandb.init(project=cfg.project, entity=cfg.entity, name=cfg.name, mode=mode, dir=str(run_dir), config=config)
         self.path = run_dir / METRICS_FILE
-        self.path.write_text("")
+        if not resume:
+            self.path.write_text("")
 
     def log(self, row: dict[str, float], step: int) -> None:
         self.run.log(row, step=step)
@@ -50,4 +133,6 @@ class MetricsSink:
 
     def finish(self, summary: dict) -> None:
         self.run.summary.update({k: v for k, v in summary.items() if not isinstance(v, (dict, list))})
+        if "data" in summary:  # flat data/* figures, for the dashboard's data section
+            self.run.summary.update(data_metrics(summary["data"]))
         self.run.finish()

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from models.draft import Eagle3Draft
+from trainer.soft_ce import soft_cross_entropy
 
 
 @dataclass
@@ -88,8 +89,7 @@ def ttt_unroll(
     for k in range(steps):
         out, logits = draft.step(shift_left(input_ids, 1 + k), hidden, positions + k, cache)
         mask = step_valid(loss_mask, lengths, labels.in_draft, k)  # [B, T]
-        target_p = shift_left(labels.probs, 1 + k)  # [B, T, V_d]
-        ce = -(target_p * torch.log_softmax(logits.float(), dim=-1)).sum(-1)  # [B, T]
+        ce = soft_cross_entropy(logits, labels.probs, 1 + k)  # [B, T]
         n = mask.sum()
         step_loss = (ce * mask).sum()
         loss = loss + decay**k * step_loss / n.clamp(min=1)

@@ -1,0 +1,159 @@
+"""``bench_throughput.py --profile``: where the draft step spends its time, against the baseline.
+
+1. torch.profiler over a few draft steps (labels, TTT forward, backward, AdamW) on random
+   features of the benchmark's shapes: the top ops by device time (CPU time on a CPU).
+2. The step timed with the current kernels (flex-attention step 0 + log-sum-exp merge;
+   fused soft cross-entropy) and with the earlier ones of ``launch/draft_variants.py``, one
+   or both swapped in: median ms a step, peak memory, and loss / gradient against the
+   baseline on the same weights and inputs (they must agree to bf16 rounding).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import statistics
+import time
+
+import torch
+
+import models.draft as draft_module
+import trainer.ttt as ttt_module
+from launch.draft_variants import plain_soft_cross_entropy, ttt_attention_scores
+from trainer.batch import FeatureBatch, TokenBatch
+from trainer.ttt import target_labels, ttt_unroll
+
+VARIANTS = {  # name: (attention, soft cross-entropy); the first is the reference
+    "baseline": (ttt_attention_scores, plain_soft_cross_entropy),
+    "flex_attention": (draft_module.ttt_attention, plain_soft_cross_entropy),
+    "fused_soft_ce": (ttt_attention_scores, ttt_module.soft_cross_entropy),
+    "current": (draft_module.ttt_attention, ttt_module.soft_cross_entropy),
+}
+
+
+@contextlib.contextmanager
+def kernels(attention, cross_entropy):
+    """Swap ``models.draft.ttt_attention`` and ``trainer.ttt.soft_cross_entropy`` (looked up at call time)."""
+    saved = draft_module.ttt_attention, ttt_module.soft_cross_entropy
+    draft_module.ttt_attention, ttt_module.soft_cross_entropy = attention, cross_entropy
+    try:
+        yield
+    finally:
+        draft_module.ttt_attention, ttt_module.soft_cross_entropy = saved
+
+
+def random_features(st) -> FeatureBatch:
+    torch.manual_seed(4)
+    b, t = st.args.rows, st.args.seq
+    tokens = st.batches[0].to(st.device)
+    h = st.target_cfg["hidden_size"]
+    aux = torch.randn(b, t, 3 * h, device=st.device).to(st.dtype)  # [B, T, 3H]
+    final = torch.randn(b, t, h, device=st.device).to(st.dtype)  # [B, T, H]
+    return FeatureBatch(TokenBatch(tokens.input_ids, tokens.loss_mask, tokens.lengths), aux, final)
+
+
+def draft_step(st, objective, opt, fb: FeatureBatch) -> torch.Tensor:
+    with torch.profiler.record_function("labels"):
+        labels = target_labels(fb.final, st.lm_head, st.draft_to_target, st.t2d)
+    t = fb.tokens
+    with torch.profiler.record_function("ttt_forward"):
+        out = ttt_unroll(objective.draft, t.input_ids, t.loss_mask, t.lengths, fb.aux, labels, st.draft_to_target,
+                         objective.steps, objective.decay, objective.norm_output)
+    with torch.profiler.record_function("backward"):
+        out.loss.backward()
+    with torch.profiler.record_function("optimizer"):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return out.loss.detach()
+
+
+def _sync(st) -> None:
+    if st.device.type == "cuda":
+        torch.cuda.synchronize(st.device)
+
+
+def top_ops(st, objective, opt, fb, steps: int = 3, rows: int = 25) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if st.device.type == "cuda" else [])
+    draft_step(st, objective, opt, fb)
+    _sync(st)
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            draft_step(st, objective, opt, fb)
+        _sync(st)
+    key = "self_device_time_total" if st.device.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=rows)
+
+
+def first_step_grads(st, objective, fb) -> tuple[float, dict[str, torch.Tensor]]:
+    labels = target_labels(fb.final, st.lm_head, st.draft_to_target, st.t2d)
+    t = fb.tokens
+    out = ttt_unroll(objective.draft, t.input_ids, t.loss_mask, t.lengths, fb.aux, labels, st.draft_to_target,
+                     objective.steps, objective.decay, objective.norm_output)
+    out.loss.backward()
+    grads = {n: p.grad.detach().float().clone() for n, p in objective.draft.named_parameters() if p.grad is not None}
+    objective.draft.zero_grad(set_to_none=True)
+    return float(out.loss.detach()), grads
+
+
+def time_variant(st, objective, opt, fb, name: str, reference: tuple[float, dict] | None, steps: int) -> dict:
+    with kernels(*VARIANTS[name]):
+        loss, grads = first_step_grads(st, objective, fb)
+        row = {"variant": name, "loss": loss}
+        if reference is not None:
+            ref_loss, ref_grads = reference
+            row["loss_diff"] = abs(loss - ref_loss)
+            row["max_rel_grad_diff"] = max(
+                float((grads[n] - ref_grads[n]).norm() / ref_grads[n].norm().clamp(min=1e-30)) for n in ref_grads
+            )
+        for _ in range(2):  # warm-up (and compile)
+            draft_step(st, objective, opt, fb)
+        _sync(st)
+        if st.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(st.device)
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            draft_step(st, objective, opt, fb)
+            _sync(st)
+            times.append(time.perf_counter() - t0)
+    tokens = fb.aux.shape[0] * fb.aux.shape[1]
+    row["step_ms"] = 1000 * statistics.median(times)
+    row["draft_tokens_per_s"] = tokens / statistics.median(times)
+    row["draft_tflops"] = row["draft_tokens_per_s"] * (st.flops["draft_train"] + st.flops["labels"]) / 1e12
+    row["peak_gpu_bytes"] = torch.cuda.max_memory_allocated(st.device) if st.device.type == "cuda" else None
+    return row, (loss, grads)
+
+
+def profile(st) -> dict:
+    from launch.bench_throughput import make_objective
+
+    fb = random_features(st)
+    objective, opt = make_objective(st)
+    initial = copy.deepcopy(objective.draft.state_dict())
+    ops = top_ops(st, objective, opt, fb)
+    print(ops)
+    rows, reference = [], None
+    for name in VARIANTS:
+        objective.draft.load_state_dict(initial)
+        opt.state.clear()
+        try:
+            row, grads = time_variant(st, objective, opt, fb, name, reference, steps=max(3, st.args.steps // 2))
+        except RuntimeError as err:  # a variant that fails to compile or run is reported, and the others still run
+            if name in ("baseline", "current"):
+                raise
+            rows.append({"variant": name, "error": f"{type(err).__name__}: {err}"[:2000]})
+            print(f"{name:<16} FAILED: {rows[-1]['error'][:300]}", flush=True)
+            objective.draft.zero_grad(set_to_none=True)
+            if st.device.type == "cuda":
+                torch.cuda.empty_cache()
+            continue
+        reference = reference or grads
+        rows.append(row)
+        print(
+            f"{name:<16} {row['step_ms']:>9.1f} ms/step {row['draft_tokens_per_s']:>9.0f} tok/s {row['draft_tflops']:>7.1f} TFLOP/s"
+            f"  loss diff {row.get('loss_diff', 0):.2e}  grad rel diff {row.get('max_rel_grad_diff', 0):.2e}",
+            flush=True,
+        )
+    return {"top_ops": ops, "variants": rows}

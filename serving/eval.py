@@ -1,0 +1,227 @@
+"""``python -m serving.eval EXPORT_DIR``: acceptance length of an exported draft, measured by
+real greedy speculative decoding against the transformers target (DESIGN contract 6).
+
+The draft is loaded from the export directory (the bf16 weights an engine would load),
+fed the way SGLang feeds it (``serving/draft_runner.py``), and the target verifies each
+chain of k draft tokens in one forward (``serving/spec_decode.py``). Reported:
+
+* ``accept_len`` τ: tokens per target verify forward (1 = nothing accepted, k + 1 = all);
+* ``accept_rate[i]``: fraction of verify steps that accepted at least i + 1 draft tokens
+  (vLLM's per-position rate; τ = 1 + Σ accept_rate); ``cond_accept_rate[i]``: the same
+  given position i was reached (comparable with training's acc_i);
+* with ``--check-greedy``, whether every turn equals plain greedy decoding token for token.
+
+``--feature final`` simulates a miswired server (a target class without aux capture: the
+draft gets the final hidden state); the result says whether SGLang would have skipped fc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from serving.draft_runner import DraftRunner
+from serving.export import load_export, read_export_config
+from serving.formats import DEFAULT_SPECULATIVE_TOKENS
+from serving.prompts import PromptSpec, ask, prompts_from_conversations, read_prompt_file, render
+from serving.spec_decode import Generation, speculative_generate
+from serving.target_runner import FEATURES, TargetRunner, greedy_generate
+
+
+@dataclass
+class Tally:
+    """Acceptance counts over cycles, summed across turns."""
+
+    k: int
+    reached: list[int] = field(default_factory=list)  # per position: cycles that drafted it with all before accepted
+    accepted: list[int] = field(default_factory=list)  # per position: cycles that accepted it
+    cycles: int = 0
+    new_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        self.reached, self.accepted = [0] * self.k, [0] * self.k
+
+    def add(self, gen: Generation) -> None:
+        self.new_tokens += len(gen.tokens)
+        for a in gen.accepted:
+            self.cycles += 1
+            for i in range(min(a + 1, self.k)):
+                self.reached[i] += 1
+            for i in range(a):
+                self.accepted[i] += 1
+
+
+@dataclass
+class EvalResult:
+    k: int
+    feature: str
+    accept_len: float  # τ
+    accept_rate: list[float]  # [k]
+    cond_accept_rate: list[float]  # [k]
+    cycles: int
+    new_tokens: int
+    turns: int
+    fc_skipped: bool
+    greedy_checked: int
+    greedy_mismatches: list[str]
+    wall_s: float
+
+    @classmethod
+    def of(cls, tally: Tally, feature: str, turns: int, fc_skipped: bool, mismatches: list[str], checked: int, wall: float):
+        cycles = max(tally.cycles, 1)
+        rate = [a / cycles for a in tally.accepted]
+        cond = [a / r if r else 0.0 for a, r in zip(tally.accepted, tally.reached)]
+        tau = (tally.cycles + sum(tally.accepted)) / cycles
+        return cls(tally.k, feature, tau, rate, cond, tally.cycles, tally.new_tokens, turns, fc_skipped, checked, mismatches, wall)
+
+    def metrics(self, prefix: str = "eval") -> dict[str, float]:
+        out = {f"{prefix}/accept_len": self.accept_len, f"{prefix}/spec_cycles": float(self.cycles)}
+        for i, (r, c) in enumerate(zip(self.accept_rate, self.cond_accept_rate)):
+            out[f"{prefix}/accept_rate_{i}"] = r
+            out[f"{prefix}/cond_accept_rate_{i}"] = c
+        return out
+
+    def summary(self) -> str:
+        lines = [
+            f"accept length tau = {self.accept_len:.3f} tokens per target forward (k = {self.k}, {self.cycles} verify "
+            f"steps, {self.new_tokens} tokens, {self.turns} turns, {self.wall_s:.1f} s, features: {self.feature})",
+            "position  accept_rate  cond_accept_rate",
+        ]
+        lines += [f"{i + 1:>8}  {r:>11.3f}  {c:>16.3f}" for i, (r, c) in enumerate(zip(self.accept_rate, self.cond_accept_rate))]
+        if self.fc_skipped:
+            lines.append(
+                "WARNING: fc skipped: the draft was fed features as wide as its embedding (the target's final hidden "
+                "state, not the fused aux layers): SGLang skips fc silently and acceptance collapses"
+            )
+        if self.greedy_checked:
+            verdict = "identical" if not self.greedy_mismatches else f"{len(self.greedy_mismatches)} MISMATCH(ES)"
+            lines.append(f"greedy check: {self.greedy_checked} turns vs plain greedy decoding: {verdict}")
+            lines += [f"  {m}" for m in self.greedy_mismatches]
+        return "\n".join(lines)
+
+
+def stop_token_ids(tokenizer, model) -> set[int]:
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    extra = getattr(model.generation_config, "eos_token_id", None)
+    ids |= set(extra) if isinstance(extra, (list, tuple)) else ({extra} if extra is not None else set())
+    if not ids:
+        raise ValueError("the target defines no end-of-sequence token: generation could not stop")
+    return ids
+
+
+def evaluate(
+    target: TargetRunner, draft: DraftRunner, tokenizer, prompts: list[PromptSpec], k: int, max_new_tokens: int,
+    check_greedy: bool = False,
+) -> EvalResult:  # fmt: skip
+    """Speculative decoding over every turn of ``prompts``; see the module docstring."""
+    if not prompts:
+        raise ValueError("no prompts to evaluate on")
+    device = next(target.model.parameters()).device
+    stops, tally, mismatches, checked, turns = stop_token_ids(tokenizer, target.model), Tally(k), [], 0, 0
+    start = time.perf_counter()
+
+    def answer(messages) -> str:
+        nonlocal checked
+        prompt = torch.tensor(render(tokenizer, messages), device=device)
+        gen = speculative_generate(target, draft, prompt, k, max_new_tokens, stops)
+        tally.add(gen)
+        if check_greedy:
+            checked += 1
+            reference = greedy_generate(target, prompt, max_new_tokens, stops)
+            if reference != gen.tokens:
+                at = next((i for i, (a, b) in enumerate(zip(reference, gen.tokens)) if a != b), min(len(reference), len(gen.tokens)))
+                mismatches.append(f"turn {checked}: first difference at generated token {at}")
+        return tokenizer.decode([t for t in gen.tokens if t not in stops], skip_special_tokens=True)
+
+    for spec in prompts:
+        turns += ask(spec, answer)
+    return EvalResult.of(tally, target.feature, turns, draft.fc_skipped, mismatches, checked, time.perf_counter() - start)
+
+
+def evaluate_export(
+    export_dir: str | Path, model, tokenizer, prompts: list[PromptSpec], k: int | None = None, max_new_tokens: int = 128,
+    feature: str = "aux", check_greedy: bool = False,
+) -> EvalResult:  # fmt: skip
+    """Load ``export_dir`` onto the transformers target ``model`` and ``evaluate`` it.
+
+    The aux layers captured are the export's (what the serving engine would capture); ``k``
+    defaults to the export's ``num_speculative_tokens``.
+    """
+    parsed = read_export_config(export_dir)
+    param = next(model.parameters())
+    draft, vocab, _ = load_export(export_dir, embed_weight=_shared_embedding(model, parsed), dtype=param.dtype)
+    draft = draft.to(param.device)
+    k = k if k is not None else (parsed.num_speculative_tokens or DEFAULT_SPECULATIVE_TOKENS)
+    target = TargetRunner(model, parsed.aux_layer_ids, feature)
+    runner = DraftRunner(draft, vocab.draft_to_target.to(param.device), parsed.norm_output)
+    return evaluate(target, runner, tokenizer, prompts, k, max_new_tokens, check_greedy)
+
+
+def _shared_embedding(model, parsed):
+    s = parsed.shape
+    return model.get_input_embeddings().weight.detach() if s.hidden_size == s.target_hidden_size else None
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _heldout_prompts(n: int, seed: int, fraction: float) -> list[PromptSpec]:
+    from trainer.data import read_chatterbot, split_holdout  # the training split: never seen in training
+
+    convs, _ = read_chatterbot(("english",))
+    _, held = split_holdout(convs, fraction, seed)
+    return prompts_from_conversations(held, limit=n)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m serving.eval", description=__doc__.split("\n\n")[0])
+    p.add_argument("export_dir", type=Path)
+    p.add_argument("--target", type=Path, default=None, help="target transformers dir or .gguf (default: the embedded target)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompts", type=Path, help="jsonl with prompt / messages / turns")
+    src.add_argument("--heldout", type=int, metavar="N", help="N held-out chatterbot conversations (the training split's)")
+    p.add_argument("--limit", type=int, default=None, help="at most this many prompts from --prompts")
+    p.add_argument("--k", type=int, default=None, help="draft tokens per cycle (default: the export's)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--feature", choices=FEATURES, default="aux", help="final: simulate a server without aux capture")
+    p.add_argument("--check-greedy", action="store_true", help="also run plain greedy decoding and compare")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a busy machine)")
+    p.add_argument("--seed", type=int, default=0, help="held-out split seed (trainer.seed)")
+    p.add_argument("--holdout-fraction", type=float, default=0.1)
+    p.add_argument("--json", type=Path, default=None, help="write the result here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from models.embedded import embedded_target_dir
+    from models.target import HFTargetEngine, load_tokenizer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        target_path = args.target if args.target is not None else embedded_target_dir()
+        prompts = read_prompt_file(args.prompts, args.limit) if args.prompts else _heldout_prompts(args.heldout, args.seed, args.holdout_fraction)
+        engine = HFTargetEngine.from_path(target_path, device=args.device, dtype=getattr(torch, args.dtype))
+        result = evaluate_export(
+            args.export_dir, engine.model, load_tokenizer(target_path), prompts, args.k, args.max_new_tokens, args.feature, args.check_greedy
+        )
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(result.summary())
+    if args.json:
+        args.json.write_text(json.dumps(asdict(result), indent=2) + "\n")
+    return 1 if result.greedy_mismatches else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""Export -> verify -> evaluate, in one call: what the training loop runs every N steps and
+at the end (issue 6, item 4), so ``eval/accept_len`` is measured on the exported checkpoint
+loaded back from disk, never on the in-memory draft (DESIGN contract 6).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from models.draft import Eagle3Draft
+from models.vocab_map import VocabMap
+from serving.eval import evaluate_export
+from serving.export import export_both
+from serving.formats import DEFAULT_SPECULATIVE_TOKENS
+from serving.prompts import PromptSpec
+from serving.verify import format_report, verify_export
+
+
+def export_verify_eval(
+    draft: Eagle3Draft,
+    vocab: VocabMap,
+    target_engine,
+    tokenizer,
+    prompts: list[PromptSpec],
+    out_dir: str | os.PathLike,
+    *,
+    norm_output: bool,
+    k: int = DEFAULT_SPECULATIVE_TOKENS,
+    max_new_tokens: int = 64,
+    target_dir: str | os.PathLike | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    strict: bool = True,
+) -> dict:
+    """Export ``draft`` for SGLang and vLLM under ``out_dir``, verify both, evaluate the SGLang one.
+
+    ``target_engine`` is an ``HFTargetEngine`` (its ``model`` runs the verification forwards;
+    its ``info`` names the architecture, layer count and the aux ids the draft was trained
+    on); ``target_dir`` is its transformers dir for the verifier's target checks (None: the
+    export's provenance is used). A verification problem raises ValueError with the problem
+    table when ``strict``; otherwise it is counted in ``eval/verify_problems``.
+
+    Returns the wandb-ready metrics (``eval/accept_len``, ``eval/accept_rate_{i}``,
+    ``eval/cond_accept_rate_{i}``, ``eval/verify_problems``) plus ``export_dirs``,
+    ``verify`` (the printed reports) and ``eval_wall_s``.
+    """
+    info = target_engine.info
+    dirs = export_both(
+        out_dir, draft, vocab, aux_layer_ids=list(info.aux_layer_ids), norm_output=norm_output, dtype=dtype,
+        target_architecture=info.architecture, target_num_layers=info.num_layers, num_speculative_tokens=k,
+        target_path=str(target_dir) if target_dir is not None else None,
+    )  # fmt: skip
+    reports = {engine: verify_export(path, engine, target_dir) for engine, path in dirs.items()}
+    problems = sum(len(r.problems) for r in reports.values())
+    if problems and strict:
+        raise ValueError("exported draft fails verification:\n" + "\n".join(format_report(r) for r in reports.values()))
+    result = evaluate_export(dirs["sglang"], target_engine.model, tokenizer, prompts, k, max_new_tokens)
+    return {
+        **result.metrics("eval"),
+        "eval/verify_problems": float(problems),
+        "eval_wall_s": result.wall_s,
+        "export_dirs": {engine: str(Path(p)) for engine, p in dirs.items()},
+        "verify": {engine: format_report(r) for engine, r in reports.items()},
+    }

@@ -1,0 +1,243 @@
+"""``python -m serving.verify DIR --engine sglang|vllm [--target PATH]``: will this export work
+when that engine serves it?
+
+The checks, each a row of the problem table (exit code 1 when there is any):
+
+* ``format``   the config is this engine's format and parses (``serving/formats.py``);
+* ``weights``  the engine's loader, replayed (``serving/loaders.py``), consumes every tensor,
+  sets every parameter, and every shape matches the config;
+* ``vocab``    ``d2t`` / ``t2d`` satisfy DESIGN contract 4;
+* ``layers``   the aux layer ids are in range for the target, in the engine's semantics;
+* ``target``   the target architecture captures aux hidden states in this engine
+  (``serving/aux_capture_table.py``), its widths and vocab match the draft, and the draft's
+  ``fc`` will actually run (SGLang skips it when the incoming width equals the embedding's).
+
+Without ``--target`` the target facts come from the export's ``streamdraft`` provenance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from models.vocab_map import VocabMap
+from serving.aux_support import aux_capture_support
+from serving.formats import CONFIG_FILE, ENGINES, WEIGHTS_FILE, ExportConfig, engine_of, parse_export_config, read_config_file
+from serving.loaders import Replay, replay_sglang, replay_vllm
+
+
+@dataclass(frozen=True)
+class Problem:
+    check: str  # format | weights | vocab | layers | target
+    item: str  # the tensor, parameter or field concerned
+    message: str
+
+
+@dataclass(frozen=True)
+class TargetFacts:
+    architecture: str | None
+    num_layers: int | None
+    hidden_size: int | None
+    vocab_size: int | None
+    source: str  # "--target DIR" or "export provenance"
+
+
+@dataclass
+class Report:
+    export_dir: Path
+    engine: str
+    problems: list[Problem] = field(default_factory=list)
+    consumed: int = 0
+    params_set: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def add(self, check: str, item: str, message: str) -> None:
+        self.problems.append(Problem(check, item, message))
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _weights(report: Report, replay: Replay) -> None:
+    verb = "skips it silently (the trained weights never load)" if replay.engine == "sglang" else "refuses it (load_weights raises)"
+    for name in replay.dropped + replay.refused:
+        report.add("weights", name, f"no {replay.engine} parameter takes this tensor: {replay.engine} {verb}")
+    for ckpt, param, got, want in replay.shape_errors:
+        report.add("weights", ckpt, f"shape {got} does not fit {replay.engine} parameter {param} {want} (from the config)")
+    for param in replay.unset():
+        report.add("weights", param, f"{replay.engine} parameter is set by no tensor: it keeps its initial values")
+    report.consumed = len(replay.landed)
+    report.params_set = len(replay.set_params)
+
+
+def _vocab(report: Report, tensors: dict, parsed: ExportConfig | None) -> None:
+    d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
+    if t2d is None:
+        report.add("vocab", "t2d", "missing: the draft-vocab mask is needed to check the map")
+        return
+    if d2t is None:
+        if parsed is not None and parsed.shape.draft_vocab_size != parsed.shape.vocab_size:
+            report.add("vocab", "d2t", "missing: the engine would map draft ids to target ids 0..V_d-1 (identity)")
+        return
+    try:
+        VocabMap(d2t, t2d).validate("d2t/t2d")
+    except ValueError as e:
+        report.add("vocab", "d2t", str(e))
+
+
+def _layer_range(report: Report, parsed: ExportConfig, n: int) -> None:
+    ids = parsed.engine_aux_layer_ids
+    if parsed.engine == "sglang":  # layers_to_capture = id + 1 among layer inputs 0..N-1
+        bad, rule = [i for i in ids if not 0 <= i <= n - 2], f"SGLang captures the input of layer id + 1: ids must lie in [0, {n - 2}]"
+    else:  # EagleModelMixin captures after layer id - 1, and id 0 = the embeddings
+        bad, rule = [i for i in ids if not 1 <= i <= n], f"vLLM captures the input of layer id: ids must lie in [1, {n}]"
+    if bad:
+        report.add("layers", "eagle_aux_hidden_state_layer_ids", f"{ids} out of range for a {n}-layer target: {bad} ({rule})")
+    if parsed.target_num_layers is not None and parsed.target_num_layers != n:
+        report.add("layers", "streamdraft.target_num_layers", f"the draft was trained on a {parsed.target_num_layers}-layer target, this one has {n}")
+
+
+def _target(report: Report, parsed: ExportConfig, t: TargetFacts) -> None:
+    s = parsed.shape
+    if t.architecture is None:
+        report.add("target", "architecture", f"unknown target architecture ({t.source}): pass --target DIR to check aux capture")
+    else:
+        support = aux_capture_support(parsed.engine, t.architecture)
+        if not support.known:
+            fallback = ": it falls back to TransformersForCausalLM, which has no aux capture" if parsed.engine == "sglang" else ""
+            report.add("target", t.architecture, f"{parsed.engine} {support.version} has no model class for this architecture{fallback}")
+        elif not support.supported:
+            report.add("target", t.architecture, _no_capture_message(parsed, support.version, t))
+    if t.num_layers is not None:
+        _layer_range(report, parsed, t.num_layers)
+    if t.hidden_size is not None and t.hidden_size != s.target_hidden_size:
+        report.add("target", "target_hidden_size", f"the draft reads {s.target_hidden_size}-wide target states, the target's hidden is {t.hidden_size}")
+    if t.vocab_size is not None and t.vocab_size != s.vocab_size:
+        report.add("target", "vocab_size", f"the draft's vocab_size {s.vocab_size} != the target's {t.vocab_size} (d2t would index the wrong tokens)")
+    if parsed.engine == "sglang" and s.num_aux * s.target_hidden_size == s.hidden_size:
+        report.add("target", "fc.weight", "num_aux * target_hidden_size == hidden_size: SGLang would skip fc silently")
+
+
+def _no_capture_message(parsed: ExportConfig, version: str, t: TargetFacts) -> str:
+    if parsed.engine == "sglang":
+        how = "does not implement set_eagle3_layers_to_capture"
+        width = parsed.shape.target_hidden_size
+        wired = (
+            "the draft would get the final hidden state, SGLang would skip fc (incoming width == embedding width) and accept ~1.0"
+            if width == parsed.shape.hidden_size
+            else "the draft would get the final hidden state and fail on the fc width"
+        )
+    else:
+        how, wired = "does not implement SupportsEagle3", "vLLM refuses to start EAGLE-3 with it"
+    return f"{parsed.engine} {version}: {t.architecture} {how}: no aux hidden-state capture; {wired}"
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def target_facts(target: Path | None, parsed: ExportConfig | None) -> TargetFacts:
+    """Target facts from ``target``'s config.json, else from the export's provenance."""
+    if target is not None:
+        if not target.is_dir():
+            raise ValueError(f"--target {target}: pass the target's transformers dir (its config.json is read)")
+        config = read_config_file(target / CONFIG_FILE)
+        archs = config.get("architectures") or [None]
+        sizes = (config.get("num_hidden_layers"), config.get("hidden_size"), config.get("vocab_size"))
+        return TargetFacts(archs[0], *sizes, f"--target {target}")
+    if parsed is None:
+        return TargetFacts(None, None, None, None, "export provenance")
+    return TargetFacts(parsed.target_architecture, parsed.target_num_layers, None, None, "export provenance")
+
+
+def _read_weights(path: Path, report: Report) -> tuple[dict[str, tuple[int, ...]], dict[str, torch.Tensor]]:
+    if not path.is_file():
+        report.add("weights", WEIGHTS_FILE, "the export has no weights file")
+        return {}, {}
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+            small = {k: f.get_tensor(k) for k in ("d2t", "t2d") if k in shapes}
+    except SafetensorError as e:
+        report.add("weights", WEIGHTS_FILE, f"not a readable safetensors file ({e})")
+        return {}, {}
+    return shapes, small
+
+
+def _replay(engine: str, config: dict, shapes: dict, target_vocab: int | None, report: Report) -> None:
+    try:
+        replay = replay_sglang(config, shapes) if engine == "sglang" else replay_vllm(config, shapes, target_vocab)
+    except (KeyError, TypeError) as e:
+        report.add("format", CONFIG_FILE, f"the {engine} loader cannot size its parameters from this config (field {e})")
+        return
+    _weights(report, replay)
+
+
+def verify_export(export_dir: str | Path, engine: str, target: str | Path | None = None) -> Report:
+    """Every check above for ``export_dir`` served by ``engine``; never raises on a bad export."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    export_dir = Path(export_dir)
+    report = Report(export_dir, engine)
+    try:
+        config = read_config_file(export_dir / CONFIG_FILE)
+    except ValueError as e:
+        report.add("format", CONFIG_FILE, str(e))
+        return report
+    if engine_of(config) != engine:
+        other = engine_of(config)
+        report.add("format", CONFIG_FILE, f"this is a {other} export, not a {engine} one (its aux layer ids are in {other}'s semantics)")
+        return report
+    parsed = None
+    try:
+        parsed = parse_export_config(config, CONFIG_FILE)
+    except ValueError as e:
+        report.add("format", CONFIG_FILE, str(e))
+    facts = target_facts(Path(target) if target is not None else None, parsed)
+    shapes, small = _read_weights(export_dir / WEIGHTS_FILE, report)
+    if shapes:
+        _replay(engine, config, shapes, facts.vocab_size, report)
+        _vocab(report, small, parsed)
+    if parsed is not None:
+        _target(report, parsed, facts)
+    return report
+
+
+# --------------------------------------------------------------------------- output
+
+
+def format_report(report: Report) -> str:
+    head = f"{report.export_dir} for {report.engine}"
+    if report.ok:
+        return f"OK  {head}: {report.consumed} tensors consumed, {report.params_set} parameters set, no problems"
+    rows = [("check", "item", "problem")] + [(p.check, p.item, p.message) for p in report.problems]
+    w0, w1 = (max(len(r[i]) for r in rows) for i in (0, 1))
+    lines = [f"FAIL  {head}: {len(report.problems)} problem(s)"]
+    lines += [f"  {a:<{w0}}  {b:<{w1}}  {c}" for a, b, c in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m serving.verify", description=__doc__.split("\n\n")[0])
+    parser.add_argument("export_dir", type=Path)
+    parser.add_argument("--engine", choices=ENGINES, required=True)
+    parser.add_argument("--target", type=Path, default=None, help="target model dir (its config.json) to check against")
+    args = parser.parse_args(argv)
+    try:
+        report = verify_export(args.export_dir, args.engine, args.target)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_report(report))
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

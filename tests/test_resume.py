@@ -1,0 +1,158 @@
+"""Runs that survive: exact resume, atomic saves, signals, non-finite losses, refused resumes."""
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tests.tiny import ROOT, TINY, tiny_config
+from trainer import checkpoint as ckpt
+from trainer.loop import Trainer
+
+pytestmark = pytest.mark.slow
+STEPS = ["trainer.max_steps=4", "trainer.checkpoint_every=2", "trainer.keep_last=5"]
+
+
+def _weights(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.engine.module.draft.state_dict().items()}
+
+
+def _losses(run_dir) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+
+
+def test_resume_continues_bitwise(tmp_path):
+    """4 steps straight == 2 steps, resume from the step-2 checkpoint, 2 more (fp32, CPU)."""
+    straight = Trainer(tiny_config(*STEPS), tmp_path / "a")
+    straight.fit()
+    (tmp_path / "b" / "checkpoints").mkdir(parents=True)
+    shutil.copytree(tmp_path / "a" / "checkpoints" / "step_2", tmp_path / "b" / "checkpoints" / "step_2")
+    resumed = Trainer(tiny_config(*STEPS, "trainer.resume=auto"), tmp_path / "b")
+    assert resumed.step == 2 and resumed.pos.epoch == 0 and resumed.pos.micro == 2
+    summary = resumed.fit()
+    assert summary["resumed_from"].endswith("step_2") and summary["steps"] == 4
+    a, b = _weights(straight), _weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a), "resumed weights differ from the straight run"
+    assert _losses(tmp_path / "a")[3] == _losses(tmp_path / "b")[3]
+    assert _losses(tmp_path / "a")[4] == _losses(tmp_path / "b")[4]
+
+
+def test_resume_refuses_a_different_run_and_allows_a_deliberate_change(tmp_path):
+    Trainer(tiny_config("trainer.max_steps=2"), tmp_path).fit()
+    with pytest.raises(ValueError, match=r"draft: checkpoint has .*'ttt_steps': 3.*this run has .*'ttt_steps': 2"):
+        Trainer(tiny_config("trainer.max_steps=2", "trainer.resume=auto", "draft.ttt_steps=2"), tmp_path)
+    with pytest.raises(ValueError, match=r"data: checkpoint has"):
+        Trainer(tiny_config("trainer.max_steps=2", "trainer.resume=auto", "data.max_conversations=40"), tmp_path)
+    with pytest.raises(ValueError, match=r"schedule: checkpoint has"):
+        Trainer(tiny_config("trainer.max_steps=2", "trainer.resume=auto", "schedule=constant"), tmp_path)
+    # switching a cosine run to grokking mode on purpose (the seed team's plan)
+    grok = Trainer(tiny_config("trainer.max_steps=3", "trainer.resume=auto", "schedule=constant", "trainer.resume_allow=[schedule]"), tmp_path)
+    assert grok.step == 2 and grok.cfg.schedule.name == "constant"
+    with pytest.raises(ValueError, match="neither a checkpoint nor a run dir"):
+        Trainer(tiny_config(f"trainer.resume={tmp_path / 'nowhere'}"), tmp_path / "other")
+
+
+def test_non_finite_loss_is_skipped_or_stops(tmp_path):
+    trainer = Trainer(tiny_config("trainer.max_steps=3", "trainer.on_nan=skip", "trainer.eval_batches=1"), tmp_path / "skip")
+    real, calls = trainer.target.engine.features, []
+
+    def poisoned(tokens):
+        fb = real(tokens)
+        calls.append(1)
+        if len(calls) == 3:  # the second training batch (the first call is the held-out eval)
+            fb.aux[:] = float("nan")
+        return fb
+
+    trainer.target.engine.features = poisoned
+    summary = trainer.fit()
+    assert summary["nonfinite_skipped"] == 1 and summary["steps"] == 3
+    assert all(torch.isfinite(v).all() for v in _weights(trainer).values())
+
+    calls.clear()
+    stopper = Trainer(tiny_config("trainer.max_steps=3", "trainer.eval_batches=1"), tmp_path / "stop")
+    real = stopper.target.engine.features
+    stopper.target.engine.features = poisoned
+    with pytest.raises(RuntimeError, match="non-finite loss at step 2"):
+        stopper.fit()
+
+
+def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    trainer = Trainer(tiny_config(*STEPS), tmp_path)
+    calls = []
+
+    def full_disk(self, path):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(self, path)
+
+    real_save = ckpt.VocabMap.save
+    monkeypatch.setattr(ckpt.VocabMap, "save", full_disk)
+    with pytest.raises(RuntimeError, match=r"checkpoint save to .*step_4 failed .*No space left.*previous checkpoint is kept"):
+        trainer.fit()
+    assert ckpt.latest(tmp_path / "checkpoints").name == "step_2"
+    assert not list((tmp_path / "checkpoints").glob(".tmp-*"))
+
+
+def _launch(run_dir, *overrides, env_extra=None, code=None):
+    args = [f"hydra.run.dir={run_dir}", *TINY, *overrides]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **(env_extra or {}))
+    cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "trainer", *args]
+    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(path, proc, timeout=300):
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        assert time.time() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_sigterm_saves_and_says_how_to_resume(tmp_path):
+    proc = _launch(tmp_path, "trainer.max_steps=50")
+    _wait_for(tmp_path / "metrics.jsonl", proc)
+    while len((tmp_path / "metrics.jsonl").read_text().splitlines()) < 2:  # the first training step logged
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    assert "stopped by SIGTERM" in out and "trainer.resume=auto" in out, out[-2000:]
+    saved = ckpt.latest(tmp_path / "checkpoints")
+    assert saved is not None and 1 <= ckpt.read_meta(saved)["position"]["step"] < 50
+
+
+HANG_BEFORE_RENAME = """
+import os, sys, time
+from pathlib import Path
+import trainer.checkpoint as ckpt
+real = os.replace
+def hang(src, dst):
+    if Path(dst).name == "step_2":
+        Path(src).parent.joinpath("SAVING").touch()
+        time.sleep(600)
+    return real(src, dst)
+ckpt.os.replace = hang
+from trainer.__main__ import main
+sys.argv = ["trainer", *sys.argv[1:]]
+main()
+"""
+
+
+def test_crash_during_save_leaves_the_previous_checkpoint_whole(tmp_path):
+    proc = _launch(tmp_path, "trainer.max_steps=4", "trainer.checkpoint_every=1", code=HANG_BEFORE_RENAME)
+    _wait_for(tmp_path / "checkpoints" / "SAVING", proc)
+    proc.kill()  # SIGKILL while step 2's checkpoint is written but not yet renamed
+    proc.wait()
+    assert ckpt.latest(tmp_path / "checkpoints").name == "step_1"
+    assert (tmp_path / "checkpoints" / ".tmp-step_2").exists()  # the half save is there, and ignored
+    resumed = Trainer(tiny_config("trainer.max_steps=4", "trainer.checkpoint_every=1", "trainer.resume=auto"), tmp_path)
+    assert resumed.step == 1

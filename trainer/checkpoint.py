@@ -1,0 +1,130 @@
+"""Atomic, resumable checkpoints: DeepSpeed state + position + what the run was trained on.
+
+A checkpoint is ``<run_dir>/checkpoints/step_<N>/`` holding DeepSpeed's files (draft,
+optimizer, LR scheduler, RNG; every rank writes its own shards) under ``state/``, the vocab
+map, and ``meta.json`` (position, the data loader's state, fingerprint, resolved config). It is written under a
+temporary name and renamed when every rank has finished, so a crash during a save leaves
+the previous checkpoint whole; directories that are not complete checkpoints are ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from models.vocab_map import VocabMap
+
+META_FILE = "meta.json"
+VOCAB_FILE = "vocab_map.safetensors"
+STATE_TAG = "state"
+_NAME = re.compile(r"^step_(\d+)$")
+
+# Fingerprint fields a resume may change on purpose (trainer.resume_allow), and those it never may.
+CHANGEABLE = ("data", "schedule")
+
+
+@dataclass
+class Position:
+    step: int  # optimizer steps done
+    epoch: int  # epoch in progress
+    micro: int  # micro-batches of that epoch already consumed (on every rank)
+
+
+def vocab_digest(vocab: VocabMap) -> str:
+    h = hashlib.sha256(vocab.d2t.cpu().numpy().tobytes())
+    h.update(vocab.t2d.cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def differences(saved: dict, now: dict, allow: list[str]) -> list[str]:
+    """Fingerprint fields that differ, except those in ``allow``; one line each."""
+    out = []
+    for key in sorted(saved.keys() | now.keys()):
+        if key in allow or saved.get(key) == now.get(key):
+            continue
+        out.append(f"{key}: checkpoint has {saved.get(key)!r}, this run has {now.get(key)!r}")
+    return out
+
+
+def is_complete(path: Path) -> bool:
+    return bool(_NAME.match(path.name)) and (path / META_FILE).is_file() and (path / STATE_TAG).is_dir()
+
+
+def latest(root: Path) -> Path | None:
+    """The newest complete checkpoint under ``root``, or None."""
+    if not root.is_dir():
+        return None
+    done = [p for p in root.iterdir() if is_complete(p)]
+    return max(done, key=lambda p: int(_NAME.match(p.name).group(1)), default=None)
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(
+    engine, root: Path, pos: Position, data_state: dict, fingerprint: dict, vocab: VocabMap, config: dict, keep_last: int, is_main: bool
+) -> Path:
+    """Every rank calls this. ``data_state`` is the data loader's position (``MixLoader.state_for``)."""
+    final = root / f"step_{pos.step}"
+    tmp = root / f".tmp-step_{pos.step}"
+    if is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    torch.distributed.barrier()
+    try:
+        engine.save_checkpoint(str(tmp), tag=STATE_TAG, client_state={"rng": _rng_state()}, save_latest=False)
+        torch.distributed.barrier()
+        if is_main:
+            vocab.save(tmp / VOCAB_FILE)
+            meta = {"position": asdict(pos), "data_state": data_state, "fingerprint": fingerprint, "config": config}
+            (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            _prune(root, keep_last)
+    except OSError as e:
+        if is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise RuntimeError(f"checkpoint save to {final} failed ({e}); the previous checkpoint is kept") from e
+    torch.distributed.barrier()
+    return final
+
+
+def _prune(root: Path, keep_last: int) -> None:
+    done = sorted((p for p in root.iterdir() if is_complete(p)), key=lambda p: int(_NAME.match(p.name).group(1)))
+    for old in done[:-keep_last]:
+        shutil.rmtree(old)
+
+
+def read_meta(path: Path) -> dict:
+    if not is_complete(path):
+        raise ValueError(f"{path}: not a complete StreamDraft checkpoint (needs {META_FILE} and {STATE_TAG}/)")
+    return json.loads((path / META_FILE).read_text())
+
+
+def load(engine, path: Path) -> tuple[Position, dict]:
+    """Restore DeepSpeed state and RNG from ``path``; returns the position and the data loader state."""
+    meta = read_meta(path)
+    load_path, client = engine.load_checkpoint(str(path), tag=STATE_TAG, load_optimizer_states=True, load_lr_scheduler_states=True)
+    if load_path is None:
+        raise ValueError(f"{path}: DeepSpeed found no state under {STATE_TAG}/")
+    _set_rng_state(client["rng"])
+    return Position(**meta["position"]), meta["data_state"]

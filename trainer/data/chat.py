@@ -1,0 +1,208 @@
+"""Conversation -> the target's chat template -> tokens + assistant-only loss mask.
+
+The conversation is rendered with the tokenizer's own template (``apply_chat_template``).
+An assistant turn is located by rendering prefixes: for assistant message i, the text of
+``messages[:i]`` with the generation prompt must be a prefix of the text of
+``messages[:i+1]``, and that a prefix of the whole conversation; the difference is the turn
+(content + end-of-turn token + template whitespace after it, which is trimmed). Tokens whose
+characters lie wholly inside a located span are masked, found through the fast tokenizer's
+offset mapping; a token straddling a span edge stays unmasked and is counted.
+
+``MaskPolicy`` narrows the mask: ``last_turn_only`` keeps only the last trainable assistant
+turn (needed for templates that render earlier turns differently once later turns follow,
+e.g. reasoning templates that strip past thinking); ``train_thinking=False`` removes
+``<think>...</think>`` spans (and the whitespace after the closing tag) from the mask.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from trainer.data.conversation import Conversation, check_conversation, trainable
+from trainer.data.stats import DatasetStats
+
+Span = tuple[int, int]  # [start, end) character offsets in the rendered text
+OVERLONG = ("truncate", "drop")
+
+
+@dataclass(frozen=True)
+class MaskPolicy:
+    last_turn_only: bool = False  # mask only the last trainable assistant turn
+    train_thinking: bool = True  # False: thinking spans stay out of the mask
+    think_tags: tuple[str, str] = ("<think>", "</think>")
+
+    def __post_init__(self) -> None:
+        start, end = self.think_tags
+        if not start or not end or start == end:
+            raise ValueError(f"think_tags must be two different non-empty strings, got {self.think_tags!r}")
+
+
+@dataclass(frozen=True)
+class EncodedSample:
+    input_ids: list[int]
+    loss_mask: list[bool]  # True on assistant content and its end-of-turn token
+    truncated: bool = False  # cut to max_len
+    boundary_tokens: int = 0  # tokens straddling a mask edge (left unmasked)
+    thinking_tokens: int = 0  # assistant tokens kept out of the mask as thinking
+
+    def __post_init__(self):
+        assert len(self.input_ids) == len(self.loss_mask), "input_ids and loss_mask differ in length"
+
+
+def _render(tokenizer, messages: Conversation, generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+
+def assistant_spans(tokenizer, conv: Conversation, last_turn_only: bool = False) -> tuple[str, list[Span]]:
+    """The rendered text of ``conv`` and the character spans of its trainable assistant turns
+    (all of them, or the last with ``last_turn_only``). Messages after the last trainable
+    assistant turn carry no loss and are not rendered."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"tokenizer {type(tokenizer).__name__} has no chat template; set tokenizer.chat_template")
+    check_conversation(conv)
+    turns = [i for i, m in enumerate(conv) if trainable(m)]
+    last = turns[-1]
+    messages = conv[: last + 1]
+    text = _render(tokenizer, messages, generation_prompt=False)
+    spans = []
+    for i in [last] if last_turn_only else turns:
+        prompt = _render(tokenizer, messages[:i], generation_prompt=True)
+        turn = _render(tokenizer, messages[: i + 1], generation_prompt=False)
+        if not turn.startswith(prompt):
+            raise ValueError(
+                f"chat template problem: the generation prompt for messages[:{i}] is not a prefix of the "
+                f"rendering with assistant turn {i}, so the assistant span cannot be located"
+            )
+        end = len(prompt) + len(turn[len(prompt) :].rstrip())
+        if not text.startswith(turn[:end]):
+            raise ValueError(
+                f"chat template problem: assistant turn {i} renders differently once later turns follow "
+                "(e.g. a template that strips earlier reasoning), so its span cannot be located; "
+                "set data.train_only_last_turn=true to train on the last assistant turn only"
+            )
+        if end > len(prompt):
+            spans.append((len(prompt), end))
+    return text, spans
+
+
+def _skip_space(text: str, pos: int, end: int) -> int:
+    while pos < end and text[pos].isspace():
+        pos += 1
+    return pos
+
+
+def thinking_spans(text: str, spans: Sequence[Span], tags: tuple[str, str]) -> list[Span]:
+    """Character spans of thinking inside the assistant ``spans``: from an opening tag through
+    its closing tag and the whitespace after it. A closing tag with no opening tag before it in
+    the turn means the thinking began in the prompt (a template whose generation prompt opens
+    it): the span starts at the turn start. An unclosed opening tag runs to the turn end."""
+    start_tag, end_tag = tags
+    out = []
+    for a, b in spans:
+        pos = a
+        first_close, first_open = text.find(end_tag, a, b), text.find(start_tag, a, b)
+        if first_close != -1 and (first_open == -1 or first_close < first_open):
+            pos = _skip_space(text, first_close + len(end_tag), b)
+            out.append((a, pos))
+        while (opened := text.find(start_tag, pos, b)) != -1:
+            closed = text.find(end_tag, opened + len(start_tag), b)
+            pos = b if closed == -1 else _skip_space(text, closed + len(end_tag), b)
+            out.append((opened, pos))
+    return out
+
+
+def subtract(spans: Sequence[Span], holes: Sequence[Span]) -> list[Span]:
+    """``spans`` minus ``holes`` (both ascending, holes inside spans); empty pieces dropped."""
+    out, k = [], 0
+    for a, b in spans:
+        start = a
+        while k < len(holes) and holes[k][0] < b:
+            h0, h1 = holes[k]
+            if h0 > start:
+                out.append((start, h0))
+            start = max(start, h1)
+            k += 1
+        if start < b:
+            out.append((start, b))
+    return out
+
+
+def _mask_from_offsets(offsets: Sequence[tuple[int, int]], spans: Sequence[Span]) -> tuple[list[bool], int]:
+    """True for tokens whose [start, end) lies inside a span; also counts tokens that cross a
+    span edge (they stay False). Offsets and spans are both ascending."""
+    mask, straddling, k = [], 0, 0
+    for start, end in offsets:
+        while k < len(spans) and spans[k][1] <= start:
+            k += 1
+        inside = k < len(spans) and spans[k][0] <= start and end <= spans[k][1] and end > start
+        straddling += k < len(spans) and not inside and start < spans[k][1] and end > spans[k][0]
+        mask.append(inside)
+    return mask, straddling
+
+
+def encode_full(tokenizer, conv: Conversation, policy: MaskPolicy = MaskPolicy()) -> EncodedSample:
+    """Tokens and loss mask of one whole conversation (no length policy). Needs a fast
+    tokenizer (offset mapping)."""
+    text, spans = assistant_spans(tokenizer, conv, policy.last_turn_only)
+    thinking = [] if policy.train_thinking else thinking_spans(text, spans, policy.think_tags)
+    encoded = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+    offsets = encoded["offset_mapping"]
+    mask, straddling = _mask_from_offsets(offsets, subtract(spans, thinking))
+    thought = sum(_mask_from_offsets(offsets, thinking)[0]) if thinking else 0
+    return EncodedSample(list(encoded["input_ids"]), mask, boundary_tokens=straddling, thinking_tokens=thought)
+
+
+def fit_length(sample: EncodedSample, max_len: int, overlong: str) -> tuple[EncodedSample | None, str | None]:
+    """The length policy: (sample, None), or (None, reason) with reason ``overlong`` (dropped)
+    or ``no_masked_token`` (nothing left to learn from)."""
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    if overlong not in OVERLONG:
+        raise ValueError(f"overlong must be one of {OVERLONG}, got {overlong!r}")
+    if len(sample.input_ids) > max_len:
+        if overlong == "drop":
+            return None, "overlong"
+        sample = dataclasses.replace(sample, input_ids=sample.input_ids[:max_len], loss_mask=sample.loss_mask[:max_len], truncated=True)
+    if not any(sample.loss_mask):
+        return None, "no_masked_token"
+    return sample, None
+
+
+def encode_conversation(
+    tokenizer, conv: Conversation, max_len: int, *, overlong: str = "truncate", policy: MaskPolicy = MaskPolicy()
+) -> EncodedSample | None:
+    """Tokens and assistant loss mask of one conversation under the length policy; None when
+    it is dropped (over ``max_len`` with ``overlong="drop"``, or no masked token left)."""
+    return fit_length(encode_full(tokenizer, conv, policy), max_len, overlong)[0]
+
+
+def encode_conversations(
+    tokenizer,
+    convs: Iterable[Conversation],
+    max_len: int,
+    stats: DatasetStats | None = None,
+    *,
+    overlong: str = "truncate",
+    policy: MaskPolicy = MaskPolicy(),
+) -> tuple[list[EncodedSample], DatasetStats]:
+    """``encode_conversation`` over ``convs``; returns the samples and ``stats`` (a copy, or a
+    fresh one) with the encoding counters added."""
+    stats = dataclasses.replace(stats) if stats is not None else DatasetStats()
+    samples = []
+    for conv in convs:
+        sample, dropped = fit_length(encode_full(tokenizer, conv, policy), max_len, overlong)
+        if dropped == "overlong":
+            stats.overlong_dropped += 1
+        elif dropped == "no_masked_token":
+            stats.no_masked_token += 1
+        else:
+            samples.append(sample)
+            stats.samples += 1
+            stats.tokens += len(sample.input_ids)
+            stats.masked_tokens += sum(sample.loss_mask)
+            stats.truncated += sample.truncated
+            stats.boundary_tokens += sample.boundary_tokens
+            stats.thinking_tokens += sample.thinking_tokens
+    return samples, stats

@@ -1,0 +1,471 @@
+"""The engine process: a target feature engine in its own process, filling the trainer's ring.
+
+The trainer starts it (``EngineProcess``, spawn start method, one per trainer device),
+owns it and stops it. The engine process builds its own target from a picklable recipe
+(``trainer.target_factory``), reports the target's ``TargetInfo``, receives the feature
+ring the trainer allocated (once), then serves token batches in the order they arrive.
+
+Messages (small dataclasses over two ``multiprocessing`` queues; features never travel
+through them, only slot indices):
+
+    trainer -> engine   Ring(slots) once, Submit(stream, seq, tokens), Free(slot), Cancel(stream), Stop()
+    engine -> trainer   Started(info, dtype), Ready(stream, seq, slot, b, t), Cancelled(stream, seqs), Failed(traceback)
+
+The engine computes a batch only when it holds a free slot (backpressure: with every slot
+full it waits for ``Free``), copies the features into the slot and sends ``Ready``. On a
+GPU the copy first waits (GPU side) for the slot's ``free`` event and is followed by the
+slot's ``ready`` event (see ``trainer.feature_ring``).
+
+Failure and shutdown:
+- any exception in the engine process is sent to the trainer as ``Failed`` with the
+  engine's formatted traceback; the engine then exits with code 1, and the trainer raises
+  ``EngineError`` carrying that traceback;
+- an engine that dies without a word (killed, out of memory) is noticed by the trainer
+  within ``POLL_S`` while it waits, and raises ``EngineError`` with the exit code;
+- the trainer stops the engine with ``Stop`` (then terminate, then kill); a
+  ``multiprocessing.util.Finalize`` does the same when the handle is collected or the
+  trainer's interpreter exits (before multiprocessing joins its children);
+- when the trainer dies without cleaning up (SIGKILL), the engine gets SIGKILL from the
+  kernel (``PR_SET_PDEATHSIG``, Linux, set when started from the main thread) and also
+  notices its parent is gone within ``POLL_S`` whenever it waits for messages;
+- the engine ignores SIGINT: Ctrl-C reaches the trainer, which stops the engine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing.util
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+import torch.multiprocessing as tmp  # registers the CUDA-IPC / shared-memory pickling of tensors and events
+from torch import Tensor
+
+from trainer.batch import TokenBatch
+from trainer.feature_ring import RingSpec, Slot, allocate_ring
+from trainer.target_factory import FeatureEngine, TargetFactory
+
+POLL_S = 0.5  # how often a waiting side checks that the other side is alive
+STOP_TIMEOUT_S = 30.0  # from Stop to terminate
+
+
+class EngineError(RuntimeError):
+    """The engine process failed or died; the message carries its traceback or exit code."""
+
+
+# --------------------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True)
+class PackedTokens:
+    """A TokenBatch as numpy arrays: pickled through the queue's pipe (9 bytes a token)."""
+
+    input_ids: np.ndarray  # [B, T] int64
+    loss_mask: np.ndarray  # [B, T] bool
+    lengths: np.ndarray  # [B] int64
+
+    @classmethod
+    def of(cls, tokens: TokenBatch) -> "PackedTokens":
+        return cls(
+            tokens.input_ids.detach().cpu().numpy().astype(np.int64, copy=False),
+            tokens.loss_mask.detach().cpu().numpy().astype(np.bool_, copy=False),
+            tokens.lengths.detach().cpu().numpy().astype(np.int64, copy=False),
+        )
+
+    def unpack(self) -> TokenBatch:
+        return TokenBatch(torch.from_numpy(self.input_ids), torch.from_numpy(self.loss_mask), torch.from_numpy(self.lengths))
+
+
+@dataclass(frozen=True)
+class Ring:
+    slots: list[Slot]
+
+
+@dataclass(frozen=True)
+class Submit:
+    stream: int
+    seq: int
+    tokens: PackedTokens
+
+
+@dataclass(frozen=True)
+class Free:
+    slot: int
+
+
+@dataclass(frozen=True)
+class Cancel:
+    stream: int
+
+
+@dataclass(frozen=True)
+class Stop:
+    pass
+
+
+@dataclass(frozen=True)
+class Started:
+    info: object  # the target's TargetInfo
+    dtype: torch.dtype
+    pid: int
+
+
+@dataclass(frozen=True)
+class Ready:
+    stream: int
+    seq: int
+    slot: int
+    b: int
+    t: int
+    sent_at: float  # time.monotonic() in the engine (system-wide clock)
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    stream: int
+    seqs: list[int]
+
+
+@dataclass(frozen=True)
+class Failed:
+    traceback: str
+
+
+# --------------------------------------------------------------------------- engine statistics
+
+
+@dataclass
+class EngineStats:
+    """Counters the engine process keeps in a shared-memory tensor; read by the trainer."""
+
+    batches: float = 0.0  # batches written to the ring
+    tokens: float = 0.0  # padded tokens (B x T) written
+    copy_s: float = 0.0  # time copying features into slots (GPU: measured by CUDA events)
+    full_wait_s: float = 0.0  # time the engine had work but every slot was full (backpressure)
+    full_waits: float = 0.0  # how often it waited so (counted when a wait starts)
+    peak_memory_bytes: float = 0.0  # the engine process's peak allocated GPU memory
+
+    @staticmethod
+    def shared_tensor() -> Tensor:
+        return torch.zeros(len(fields(EngineStats)), dtype=torch.float64).share_memory_()
+
+    @classmethod
+    def read(cls, tensor: Tensor) -> "EngineStats":
+        return cls(*tensor.tolist())
+
+
+def _stat_index(name: str) -> int:
+    return [f.name for f in fields(EngineStats)].index(name)
+
+
+# --------------------------------------------------------------------------- the engine process
+
+
+@dataclass(frozen=True)
+class EngineLaunch:
+    """Everything the engine process needs at start (pickled once, at spawn)."""
+
+    factory: TargetFactory
+    device: str
+    threads: int  # CPU: torch threads, the trainer's count (same kernels, same bits)
+    parent_pid: int
+    die_with_parent: bool  # PR_SET_PDEATHSIG: only safe when the spawning thread lives as long as the trainer
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent thread exits (Linux)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
+def engine_main(launch: EngineLaunch, inbox, outbox, stats: Tensor) -> None:
+    """Entry point of the engine process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        if launch.die_with_parent:
+            _die_with_parent()
+        if os.getppid() != launch.parent_pid:  # the trainer died before prctl took effect
+            return
+        device = torch.device(launch.device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        torch.set_num_threads(launch.threads)
+        engine = launch.factory.build(device)
+        outbox.put(Started(info=engine.info, dtype=engine.dtype, pid=os.getpid()))
+        _EngineLoop(engine, inbox, outbox, stats, device, launch.parent_pid).run()
+    except BaseException:  # forwarded whole to the trainer, which raises EngineError with it
+        outbox.put(Failed(traceback.format_exc()))
+        outbox.close()
+        outbox.join_thread()
+        sys.exit(1)
+    outbox.close()
+    outbox.join_thread()
+
+
+class _CopyTimer:
+    """Time of the copies into slots: CUDA timing events read once done, or the host clock on CPU."""
+
+    def __init__(self, device: torch.device, stats: Tensor):
+        self.device, self.stats, self.pending = device, stats, deque()
+        self.index = _stat_index("copy_s")
+
+    def start(self):
+        if self.device.type != "cuda":
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def stop(self, start) -> None:
+        if self.device.type != "cuda":
+            self.stats[self.index] += time.perf_counter() - start
+            return
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self.pending.append((start, end))
+        while self.pending and self.pending[0][1].query():
+            s, e = self.pending.popleft()
+            self.stats[self.index] += s.elapsed_time(e) / 1000.0
+
+
+class _EngineLoop:
+    """Receive messages; fill a free slot whenever a batch is pending; stop on Stop or parent death."""
+
+    def __init__(self, engine: FeatureEngine, inbox, outbox, stats: Tensor, device: torch.device, parent_pid: int):
+        self.engine, self.inbox, self.outbox, self.stats = engine, inbox, outbox, stats
+        self.device, self.parent_pid = device, parent_pid
+        self.ring: list[Slot] = []
+        self.free: deque[int] = deque()
+        self.pending: deque[Submit] = deque()
+        self.stopping = False
+        self.timer = _CopyTimer(device, stats)
+
+    def _can_produce(self) -> bool:
+        return bool(self.pending) and bool(self.free)
+
+    def run(self) -> None:
+        while not self.stopping:
+            self._receive(block=not self._can_produce())
+            if not self.stopping and self._can_produce():
+                self._produce(self.pending.popleft(), self.free.popleft())
+
+    def _receive(self, block: bool) -> None:
+        """Handle every queued message; when ``block``, first wait for one (polling the parent)."""
+        waited_full = block and bool(self.pending) and not self.free
+        if waited_full:
+            self.stats[_stat_index("full_waits")] += 1
+        t0 = time.perf_counter()
+        while block:
+            try:
+                self._handle(self.inbox.get(timeout=POLL_S))
+                break
+            except queue.Empty:
+                if os.getppid() != self.parent_pid:  # the trainer is gone: nobody reads what we make
+                    self.stopping = True
+                    return
+        if waited_full:
+            self.stats[_stat_index("full_wait_s")] += time.perf_counter() - t0
+        while not self.stopping:
+            try:
+                self._handle(self.inbox.get_nowait())
+            except queue.Empty:
+                return
+
+    def _handle(self, msg) -> None:
+        if isinstance(msg, Submit):
+            self.pending.append(msg)
+        elif isinstance(msg, Free):
+            self.free.append(msg.slot)
+        elif isinstance(msg, Ring):
+            if self.ring:
+                raise ValueError("the engine received a second feature ring")
+            self.ring, self.free = msg.slots, deque(range(len(msg.slots)))
+        elif isinstance(msg, Cancel):
+            dropped = [m.seq for m in self.pending if m.stream == msg.stream]
+            self.pending = deque(m for m in self.pending if m.stream != msg.stream)
+            self.outbox.put(Cancelled(msg.stream, dropped))
+        elif isinstance(msg, Stop):
+            self.stopping = True
+        else:
+            raise ValueError(f"engine process: unknown message {msg!r}")
+
+    def _produce(self, job: Submit, index: int) -> None:
+        slot = self.ring[index]
+        fb = self.engine.features(job.tokens.unpack())  # [B, T, A*H], [B, T, H] on self.device
+        if slot.free is not None:  # GPU: the trainer's last reads of this slot come first
+            torch.cuda.current_stream(self.device).wait_event(slot.free)
+        start = self.timer.start()
+        b, t = slot.write(fb)
+        self.timer.stop(start)
+        if slot.ready is not None:
+            slot.ready.record(torch.cuda.current_stream(self.device))
+        self.outbox.put(Ready(job.stream, job.seq, index, b, t, time.monotonic()))
+        self.stats[_stat_index("batches")] += 1
+        self.stats[_stat_index("tokens")] += b * t
+        if self.device.type == "cuda":
+            self.stats[_stat_index("peak_memory_bytes")] = torch.cuda.max_memory_allocated(self.device)
+
+
+# --------------------------------------------------------------------------- trainer side
+
+
+def concrete_device(device: torch.device | str) -> torch.device:
+    """``device`` with the CUDA index filled in (``cuda`` -> ``cuda:<current>``)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _stop_process(process, inbox, outbox) -> None:
+    """Stop, then terminate, then kill; close the queues. Safe to call more than once."""
+    if process.pid is not None and process.exitcode is None:
+        inbox.put(Stop())
+        process.join(STOP_TIMEOUT_S)
+        if process.exitcode is None:
+            process.terminate()
+            process.join(5.0)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+    for q in (inbox, outbox):
+        q.cancel_join_thread()  # never block the trainer's exit on a pipe nobody reads
+        q.close()
+
+
+class EngineProcess:
+    """The trainer's handle on one engine process: start, ring, messages, stop.
+
+    Starting builds the target in the child and waits (up to ``start_timeout_s``) for its
+    ``TargetInfo``; the trainer then allocates the ring (``slots`` x ``slot_tokens``,
+    widths from the info) on ``device`` and sends it once. Streams (``trainer.stream``)
+    use ``submit`` / ``receive`` / ``release`` / ``cancel``; one stream at a time.
+    """
+
+    def __init__(self, factory: TargetFactory, device: torch.device, slots: int, slot_tokens: int, start_timeout_s: float = 900.0):
+        self.device = concrete_device(device)
+        ctx = tmp.get_context("spawn")
+        self._inbox, self._outbox = ctx.Queue(), ctx.Queue()
+        self._stats = EngineStats.shared_tensor()
+        launch = EngineLaunch(
+            factory=factory, device=str(self.device), threads=torch.get_num_threads(), parent_pid=os.getpid(),
+            die_with_parent=threading.current_thread() is threading.main_thread(),
+        )
+        self._process = ctx.Process(
+            target=engine_main, args=(launch, self._inbox, self._outbox, self._stats), name="streamdraft-engine", daemon=False
+        )
+        self._process.start()
+        self._finalizer = multiprocessing.util.Finalize(
+            self, _stop_process, args=(self._process, self._inbox, self._outbox), exitpriority=100
+        )
+        self._stream: object | None = None  # the open stream, if any
+        self._next_stream_id = 0
+        self._down = False  # shut down (stopped, failed or died)
+        started = self.receive(timeout_s=start_timeout_s, waiting_for="the engine to build its target")
+        if not isinstance(started, Started):
+            raise EngineError(f"engine process: expected Started, got {started!r}")
+        self.info = started.info
+        width = len(self.info.aux_layer_ids) * self.info.hidden_size
+        self.spec = RingSpec(slots=slots, tokens=slot_tokens, aux_width=width, hidden=self.info.hidden_size, dtype=started.dtype)
+        self.ring = allocate_ring(self.spec, self.device)
+        self._inbox.put(Ring(self.ring))
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def alive(self) -> bool:
+        return not self._down and self._process.exitcode is None
+
+    def stats(self) -> EngineStats:
+        return EngineStats.read(self._stats)
+
+    def open_stream(self, stream: object) -> int:
+        """Register ``stream`` as the open one (closing a previous one left open); its id."""
+        if self._stream is not None:
+            self._stream.close()
+        if not self.alive:
+            raise EngineError(f"the engine process {self.pid} has stopped (exit code {self._process.exitcode})")
+        self._stream = stream
+        self._next_stream_id += 1
+        return self._next_stream_id
+
+    def stream_closed(self, stream: object) -> None:
+        if self._stream is stream:
+            self._stream = None
+
+    def submit(self, stream: int, seq: int, tokens: TokenBatch) -> None:
+        self._inbox.put(Submit(stream, seq, PackedTokens.of(tokens)))
+
+    def cancel(self, stream: int) -> None:
+        self._inbox.put(Cancel(stream))
+
+    def release(self, slot: Slot) -> None:
+        """Hand ``slot`` back: every read of it the caller has issued comes before the engine's next write."""
+        if not self.alive:
+            return
+        if slot.free is not None:
+            slot.free.record(torch.cuda.current_stream(self.device))
+        self._inbox.put(Free(slot.index))
+
+    def receive(self, timeout_s: float | None = None, waiting_for: str = "features"):
+        """The engine's next message; ``EngineError`` if it failed, died or timed out."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            try:
+                msg = self._outbox.get(timeout=POLL_S)
+            except queue.Empty:
+                if self._process.exitcode is not None:
+                    msg = self._last_words()
+                elif deadline is not None and time.monotonic() > deadline:
+                    self._shutdown()
+                    raise EngineError(f"the engine process gave no answer within {timeout_s:.0f} s while the trainer waited for {waiting_for}") from None
+                else:
+                    continue
+            if isinstance(msg, Failed):
+                self._shutdown()
+                raise EngineError(f"the engine process failed; its traceback:\n{msg.traceback}")
+            return msg
+
+    def _last_words(self):
+        """A message the engine sent just before it exited, or EngineError naming its exit code."""
+        try:
+            return self._outbox.get(timeout=POLL_S)
+        except queue.Empty:
+            code = self._process.exitcode
+            self._shutdown()
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            raise EngineError(
+                f"the engine process {self._process.pid} {how} without reporting an error (killed? out of memory?)"
+            ) from None
+
+    def stop(self) -> None:
+        """Close the open stream (if any), then stop the engine process; idempotent."""
+        if self._stream is not None and self.alive:
+            self._stream.close()
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        """Stop / terminate / kill the process without talking to streams (failure paths too)."""
+        self._down = True
+        self._stream = None
+        self._finalizer()
+
+    def __enter__(self) -> "EngineProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
