@@ -30,7 +30,7 @@ bench)
   python3 launch/bench_throughput.py --profile --out "$out/profile.json" 2>&1 | tee "$out/profile.log" | tail -8
   ;;
 train)
-  out=$2; shift 2
+  out=$2; shift 2; mkdir -p "$out"
   python3 -m trainer hydra.run.dir="$out/run" "$@" 2>&1 | tr '\r' '\n' | grep -v "^train: .*it/s\]$" | tee "$out/train.log" | tail -40
   ;;
 *)

@@ -104,7 +104,8 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
 def _launch(run_dir, *overrides, env_extra=None, code=None):
     args = [f"hydra.run.dir={run_dir}", *TINY, *overrides]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), **(env_extra or {}))
+    dist = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # this process's group, not the child's
+    env = {k: v for k, v in os.environ.items() if k not in dist} | {"PYTHONPATH": str(ROOT), **(env_extra or {})}
     cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "trainer", *args]
     return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

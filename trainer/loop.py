@@ -46,10 +46,10 @@ class StepStats:
     def add(self, other: "StepStats") -> "StepStats":
         return StepStats(self.loss_sum + other.loss_sum, self.correct + other.correct, self.valid + other.valid)
 
-    def all_reduce(self) -> "StepStats":
-        packed = torch.stack([self.loss_sum, self.correct, self.valid]).cpu()
+    def all_reduce(self, device: torch.device) -> "StepStats":
+        packed = torch.stack([self.loss_sum, self.correct, self.valid]).to(device)  # NCCL reduces GPU tensors only
         torch.distributed.all_reduce(packed)
-        return StepStats(*packed)
+        return StepStats(*packed.cpu())
 
     def report(self, split: str) -> dict[str, float]:
         valid = self.valid.clamp(min=1)
@@ -216,7 +216,7 @@ class Trainer:
         return self.engine(t.input_ids, t.loss_mask, t.lengths, fb.aux, labels, self.draft_to_target)
 
     def _all_agree(self, ok: bool) -> bool:
-        flag = torch.tensor([1.0 if ok else 0.0])
+        flag = torch.tensor([1.0 if ok else 0.0], device=self.par.device)
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
         return bool(flag.item())
 
@@ -249,7 +249,7 @@ class Trainer:
                 s = StepStats.of(self._forward(fb))
                 stats = s if stats is None else stats.add(s)
         self.engine.train()
-        return stats.all_reduce().report("eval")
+        return stats.all_reduce(self.par.device).report("eval")
 
     def serve_eval(self) -> dict:
         """Export for SGLang and vLLM, verify both, and decode the held-out prompts speculatively
@@ -272,10 +272,10 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
 
     def _log_row(self, w: Window) -> dict[str, float]:
-        packed = torch.tensor([float(w.tokens)])
+        packed = torch.tensor([float(w.tokens)], device=self.par.device)
         torch.distributed.all_reduce(packed)
         wall, n = time.perf_counter() - w.start, max(1, w.steps)
-        row = w.stats.all_reduce().report("train") if w.stats is not None else {}
+        row = w.stats.all_reduce(self.par.device).report("train") if w.stats is not None else {}
         row.update({
             M.LR: self.engine.get_lr()[0], M.TOKENS_PER_S: packed.item() / wall, M.STEP_TIME: wall / n,
             M.TARGET_TIME: w.target_s / n, M.DRAFT_TIME: w.draft_s / n, M.NONFINITE: float(self.nonfinite),
