@@ -14,7 +14,7 @@ from models.target import load_tokenizer
 from trainer import data
 from trainer.config import DataConfig, DataSourceConfig, register_schema, to_config
 from trainer.data import DatasetStats
-from trainer.sources import prepare_data, prepare_samples
+from trainer.sources import prepare_data
 
 # The expected conversations, and the same content in each schema.
 EXPECTED = [
@@ -240,8 +240,7 @@ def test_prepare_data_mix_of_file_sources(tmp_path, tokenizer):
     report = prepared.report()
     assert report["samples"] == n_sg + n_uc and report["sources"]["ultrachat"]["samples"] == n_uc
     assert report["mix"] == pytest.approx({"sharegpt": 0.3, "ultrachat": 0.7}, abs=1 / (n_sg + n_uc))
-    flat, held, stats = prepare_samples(cfg, tokenizer, seed=0)
-    assert len(flat) == n_sg + n_uc and len(held) == len(prepared.eval_samples()) and stats == total
+    assert len(prepared.eval_samples()) == len(prepared.eval["sharegpt"]) + len(prepared.eval["ultrachat"])
 
 
 def test_prepare_data_reports_length_policy(tmp_path, tokenizer):

@@ -157,3 +157,22 @@ def test_crash_during_save_leaves_the_previous_checkpoint_whole(tmp_path):
     assert (tmp_path / "checkpoints" / ".tmp-step_2").exists()  # the half save is there, and ignored
     resumed = Trainer(tiny_config("trainer.max_steps=4", "trainer.checkpoint_every=1", "trainer.resume=auto"), tmp_path)
     assert resumed.step == 1
+
+
+def test_engine_death_stops_the_run_with_the_cause_and_keeps_the_checkpoint(tmp_path):
+    import threading
+
+    from trainer.engine_process import EngineError
+
+    trainer = Trainer(tiny_config("trainer.max_steps=40", "trainer.checkpoint_every=1", "engine.mode=colocated", "trainer.eval_batches=1"), tmp_path)
+
+    def kill_engine_after_first_checkpoint():
+        while ckpt.latest(tmp_path / "checkpoints") is None:
+            time.sleep(0.05)
+        os.kill(trainer.target_source._process.pid, signal.SIGKILL)
+
+    threading.Thread(target=kill_engine_after_first_checkpoint, daemon=True).start()
+    with pytest.raises(EngineError, match="signal 9"):
+        trainer.fit()
+    kept = ckpt.latest(tmp_path / "checkpoints")
+    assert kept is not None and ckpt.read_meta(kept)["position"]["step"] >= 1

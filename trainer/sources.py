@@ -109,12 +109,3 @@ def prepare_data(cfg: DataConfig, tokenizer, seed: int) -> PreparedData:
     mix = Mix({n: len(train[n]) for n in names}, weights, seed, cfg.epoch_samples)
     return PreparedData(train=train, eval=held, eval_conversations=held_convs_by_source, stats=stats, mix=mix)
 
-
-def prepare_samples(cfg: DataConfig, tokenizer, seed: int) -> tuple[list[EncodedSample], list[EncodedSample], DatasetStats]:
-    """(training samples, held-out samples, totals) for a trainer that batches one flat list
-    with ``token_batches``: the training list is epoch 0 of the mix (with no ``data.mix``:
-    every training sample once). A weighted mix draws new samples each epoch only through
-    ``prepare_data(...).train_loader``."""
-    data = prepare_data(cfg, tokenizer, seed)
-    flat = [data.train[data.mix.names[s]][i] for s, i in data.mix.epoch(0)]
-    return flat, data.eval_samples(), data.total_stats
