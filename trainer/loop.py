@@ -114,7 +114,7 @@ class Trainer:
         self.prompts = prompts_from_conversations(self.data.heldout_conversations(), limit=cfg.trainer.eval_prompts)
         self.ckpt_root = self.run_dir / "checkpoints"
         resume_from = self._resume_path()
-        built = self._vocab_map([s for samples in self.data.train.values() for s in samples])
+        built = self._vocab_map(self.loader.epoch_samples(0))  # an epoch of the mix: counts follow its weights
         self.vocab = VocabMap.load(resume_from / ckpt.VOCAB_FILE) if resume_from else built
         self.draft_to_target = self.vocab.draft_to_target.to(self.par.device)
         self.t2d = self.vocab.t2d.to(self.par.device)
