@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 from serving.draft_runner import DraftRunner
-from serving.export import load_export, read_export_config
+from serving.export import load_export
+from serving.formats import read_export_config
 from serving.formats import DEFAULT_SPECULATIVE_TOKENS
 from serving.prompts import PromptSpec, ask, prompts_from_conversations, read_prompt_file, render
 from serving.spec_decode import Generation, speculative_generate

@@ -32,33 +32,21 @@ from torch import Tensor
 
 from models.draft import DraftShape, Eagle3Draft
 from models.vocab_map import VocabMap
-from serving.formats import (  # noqa: F401  (re-exported: the public names of the export API)
-    AUX_ID_SEMANTICS,
+from serving.formats import (
     CONFIG_FILE,
     DEFAULT_SPECULATIVE_TOKENS,
-    ENGINES,
-    FORMAT_VERSION,
-    SGLANG_ARCHITECTURE,
     WEIGHTS_FILE,
-    ExportConfig,
     carries_d2t,
     embedding_is_shared,
     expected_tensor_shapes,
     parse_export_config,
     read_config_file,
-    read_export_config,
     sglang_config,
     vllm_config,
 )
 
-ARCHITECTURE = SGLANG_ARCHITECTURE
 _FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}  # safetensors dtype names
 _ALLOWED_DTYPES = {"d2t": {"I64"}, "t2d": {"BOOL"}}
-
-
-def draft_shape_from_config(config: dict, where: str) -> DraftShape:
-    """Rebuild ``DraftShape`` from an export's config (either format)."""
-    return parse_export_config(config, where).shape
 
 
 # --------------------------------------------------------------------------- writing

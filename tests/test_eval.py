@@ -17,7 +17,8 @@ from models.target import HFTargetEngine, load_tokenizer
 from models.vocab_map import build_vocab_map, count_tokens
 from serving.draft_runner import DraftRunner
 from serving.eval import evaluate_export, main as eval_main, stop_token_ids
-from serving.export import export_both, load_export, read_export_config
+from serving.export import export_both, load_export
+from serving.formats import read_export_config
 from serving.pipeline import export_verify_eval
 from serving.prompts import PromptSpec, ask, parse_prompt, read_prompt_file, render
 from serving.spec_decode import speculative_generate

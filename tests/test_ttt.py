@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from models.draft import DraftShape, Eagle3Draft
-from trainer.ttt import TargetLabels, shift_left, simulated_accept_length, step_valid, target_labels, ttt_unroll
+from trainer.ttt import shift_left, simulated_accept_length, step_valid, target_labels, ttt_unroll
 
 SHAPE = DraftShape(
     hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=8,

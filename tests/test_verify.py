@@ -13,7 +13,8 @@ from models.draft import Eagle3Draft, draft_shape_for
 from models.embedded import embedded_target_dir
 from models.target import HFTargetEngine
 from models.vocab_map import build_vocab_map
-from serving.export import export_both, read_export_config
+from serving.export import export_both
+from serving.formats import read_export_config
 from serving.verify import format_report, main as verify_main, verify_export
 
 AUX = [1, 14, 26]

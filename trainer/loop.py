@@ -14,7 +14,6 @@ from tqdm import tqdm
 
 from models.draft import Eagle3Draft, draft_shape_for
 from models.vocab_map import VocabMap, build_vocab_map, count_tokens
-from serving.export import export_sglang
 from trainer import checkpoint as ckpt
 from trainer import metrics as M
 from trainer.batch import FeatureBatch, TokenBatch
