@@ -4,14 +4,12 @@ import json
 
 import pytest
 import torch
+import wandb_workspaces.reports.v2 as wr
+import wandb_workspaces.workspaces as ws
 
 from trainer import metrics as M
+from trainer.dashboard import build_workspace, main
 from trainer.panels import sections
-
-ws = pytest.importorskip("wandb_workspaces.workspaces")
-wr = pytest.importorskip("wandb_workspaces.reports.v2")
-
-from trainer.dashboard import build_workspace, main  # noqa: E402
 
 
 def _panel_metrics(panel) -> list[str]:
