@@ -13,10 +13,11 @@ All are rendered with the target tokenizer's chat template and a generation prom
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from trainer.data.files import json_lines
 
 Message = dict[str, str]
 ROLES = ("system", "user", "assistant")
@@ -68,14 +69,10 @@ def read_prompt_file(path: str | Path, limit: int | None = None) -> list[PromptS
     if not path.is_file():
         raise ValueError(f"{path}: prompt file does not exist")
     specs = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: not valid JSON ({e})") from e
-        specs.append(parse_prompt(obj, f"{path}:{n}"))
+    for record in json_lines(path):
+        if record.error is not None:
+            raise ValueError(f"{record.where}: {record.error}")
+        specs.append(parse_prompt(record.value, record.where))
         if limit is not None and len(specs) >= limit:
             break
     if not specs:

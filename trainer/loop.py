@@ -117,6 +117,7 @@ class Trainer:
         self.vocab = VocabMap.load(resume_from / ckpt.VOCAB_FILE) if resume_from else built
         self.draft_to_target = self.vocab.draft_to_target.to(self.par.device)
         self.t2d = self.vocab.t2d.to(self.par.device)
+        self.total_steps = self._total_steps()
         self.engine = self._deepspeed_engine()
         self.step, self.pos, self.nonfinite, self.resumed_from = 0, ckpt.Position(0, 0, 0), 0, resume_from
         self.stop_signal: str | None = None
@@ -137,7 +138,6 @@ class Trainer:
         objective = TTTObjective(draft, cfg.draft.ttt_steps, cfg.draft.step_decay, cfg.draft.norm_output)
         params = [p for p in objective.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=cfg.schedule.lr, betas=tuple(cfg.schedule.betas), weight_decay=cfg.schedule.weight_decay, fused=False, foreach=False)
-        self.total_steps = self._total_steps()
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(cfg.schedule, s, self.total_steps))
         engine, *_ = deepspeed.initialize(
             model=objective, optimizer=opt, lr_scheduler=sched, config=_deepspeed_config(cfg, self.dtype == torch.bfloat16)

@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from trainer import metrics as M
+from trainer.data.files import json_lines
 
 SUMMARY_FILE = "summary.json"
 HYDRA_CONFIG = Path(".hydra") / "config.yaml"
@@ -79,15 +80,12 @@ def _history(rows: list[tuple[int, dict[str, Any]]]) -> dict[str, Series]:
 
 def read_metrics_jsonl(path: Path) -> dict[str, Series]:
     rows = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{i}: not a JSON object ({e.msg})") from None
+    for record in json_lines(path):
+        row = record.value
+        if record.error is not None:
+            raise ValueError(f"{record.where}: not a JSON object ({record.error})")
         if not isinstance(row, dict) or not isinstance(row.get("step"), int):
-            raise ValueError(f"{path}:{i}: expected an object with an integer 'step', got {line[:80]!r}")
+            raise ValueError(f"{record.where}: expected an object with an integer 'step', got {json.dumps(row)[:80]}")
         rows.append((row["step"], row))
     return _history(rows)
 

@@ -65,7 +65,7 @@ def read_file(path: Path) -> Iterator[RawRecord]:
     elif path.suffix == ".json" and _starts_with_bracket(path):
         yield from _json_array(path, path.read_text(encoding="utf-8"))
     else:
-        yield from _json_lines(path)
+        yield from json_lines(path)
 
 
 def _starts_with_bracket(path: Path) -> bool:
@@ -76,7 +76,7 @@ def _starts_with_bracket(path: Path) -> bool:
     return False
 
 
-def _json_lines(path: Path) -> Iterator[RawRecord]:
+def json_lines(path: Path) -> Iterator[RawRecord]:
     """One record a line, read as a stream (a large .jsonl is never held whole)."""
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
