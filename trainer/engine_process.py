@@ -390,6 +390,15 @@ class EngineProcess:
     def alive(self) -> bool:
         return not self._down and self._process.exitcode is None
 
+    def stopped_error(self) -> EngineError:
+        """The error for a use of this engine after it stopped, naming how it ended."""
+        code = self._process.exitcode
+        if code is None:
+            how = "was shut down"
+        else:
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        return EngineError(f"the engine process {self.pid} {how}; this stream cannot go on")
+
     def stats(self) -> EngineStats:
         return EngineStats.read(self._stats)
 
@@ -398,7 +407,7 @@ class EngineProcess:
         if self._stream is not None:
             self._stream.close()
         if not self.alive:
-            raise EngineError(f"the engine process {self.pid} has stopped (exit code {self._process.exitcode})")
+            raise self.stopped_error()
         self._stream = stream
         self._next_stream_id += 1
         return self._next_stream_id

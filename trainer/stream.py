@@ -120,7 +120,7 @@ class ColocatedStream:
         if self._closed:
             raise StopIteration
         if not self._process.alive:
-            raise EngineError(f"the engine process {self._process.pid} has stopped; this stream cannot go on")
+            raise self._process.stopped_error()
         self.release()
         self._top_up()
         if self._received == self._submitted:
