@@ -31,6 +31,7 @@ from pathlib import Path
 
 TABLE_PATH = Path(__file__).with_name("aux_capture_table.py")
 SGLANG_METHOD = "set_eagle3_layers_to_capture"
+SGLANG_PACKAGE = "sglang.srt.models"
 VLLM_INTERFACE = "SupportsEagle3"
 VLLM_REGISTRIES = ("_TEXT_GENERATION_MODELS", "_MULTIMODAL_MODELS")
 
@@ -84,18 +85,20 @@ def _imports(tree: ast.Module, module: str, package: str) -> dict[str, ClassKey 
     return names
 
 
-def _dotted(node: ast.expr) -> str | None:
+def dotted_name(node: ast.expr) -> str | None:
+    """``a.b.c`` for a name or attribute chain (a subscript is dropped: ``List[int]`` -> ``List``); else None."""
     if isinstance(node, ast.Subscript):
-        return _dotted(node.value)
+        return dotted_name(node.value)
     if isinstance(node, ast.Name):
         return node.id
     if isinstance(node, ast.Attribute):
-        head = _dotted(node.value)
+        head = dotted_name(node.value)
         return f"{head}.{node.attr}" if head else None
     return None
 
 
-def _resolve_base(name: str, module: str, local: set[str], imports: dict, package: str) -> ClassKey | str:
+def resolve_name(name: str, module: str, local: set[str], imports: dict, package: str) -> ClassKey | str:
+    """A (dotted) name used in ``module`` as (module, class), or the dotted name when it leaves the package."""
     head, _, rest = name.partition(".")
     if not rest:
         if head in local:
@@ -124,14 +127,14 @@ def parse_package(root: Path, package: str) -> tuple[dict[ClassKey, ClassInfo], 
             if not isinstance(node, ast.ClassDef):
                 continue
             bases = tuple(
-                _resolve_base(d, module, local, imports, package) for d in map(_dotted, node.bases) if d is not None
+                resolve_name(d, module, local, imports, package) for d in map(dotted_name, node.bases) if d is not None
             )
             methods = frozenset(n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
             classes[(module, node.name)] = ClassInfo((module, node.name), bases, methods)
     return classes, module_imports
 
 
-def _ancestors(key: ClassKey, classes: dict[ClassKey, ClassInfo]) -> list[ClassKey | str]:
+def ancestors(key: ClassKey, classes: dict[ClassKey, ClassInfo]) -> list[ClassKey | str]:
     """``key`` and every base reachable from it (depth first, each once)."""
     seen: list[ClassKey | str] = []
     stack: list[ClassKey | str] = [key]
@@ -153,26 +156,33 @@ def _entry_names(tree: ast.Module) -> list[str]:
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "EntryClass" for t in node.targets):
             values = node.value.elts if isinstance(node.value, (ast.List, ast.Tuple)) else [node.value]
-            return [d for d in map(_dotted, values) if d is not None]
+            return [d for d in map(dotted_name, values) if d is not None]
     return []
 
 
-def scan_sglang(models_dir: Path) -> dict[str, str | None]:
-    """Architecture -> "module.Class" defining ``set_eagle3_layers_to_capture`` (None: absent)."""
-    classes, imports = parse_package(models_dir, "sglang.srt.models")
-    table: dict[str, str | None] = {}
+def sglang_registry(models_dir: Path, classes: dict[ClassKey, ClassInfo], imports: dict[str, dict]) -> dict[str, ClassKey]:
+    """Architecture -> its class: every class a module names in ``EntryClass`` (SGLang registers it by name)."""
+    registry: dict[str, ClassKey] = {}
     for path in sorted(models_dir.rglob("*.py")):
         module = _module_name(path, models_dir)
         local = {k[1] for k in classes if k[0] == module}
         for name in _entry_names(ast.parse(path.read_text(encoding="utf-8-sig"))):
-            key = _resolve_base(name, module, local, imports[module], "sglang.srt.models")
-            if not isinstance(key, tuple):
-                continue
-            via = next(
-                (a for a in _ancestors(key, classes) if isinstance(a, tuple) and a in classes and SGLANG_METHOD in classes[a].methods),
-                None,
-            )
-            table[key[1]] = f"{via[0]}.{via[1]}" if via else None
+            key = resolve_name(name, module, local, imports[module], SGLANG_PACKAGE)
+            if isinstance(key, tuple):
+                registry[key[1]] = key
+    return registry
+
+
+def scan_sglang(models_dir: Path) -> dict[str, str | None]:
+    """Architecture -> "module.Class" defining ``set_eagle3_layers_to_capture`` (None: absent)."""
+    classes, imports = parse_package(models_dir, SGLANG_PACKAGE)
+    table: dict[str, str | None] = {}
+    for arch, key in sglang_registry(models_dir, classes, imports).items():
+        via = next(
+            (a for a in ancestors(key, classes) if isinstance(a, tuple) and a in classes and SGLANG_METHOD in classes[a].methods),
+            None,
+        )
+        table[arch] = f"{via[0]}.{via[1]}" if via else None
     return dict(sorted(table.items()))
 
 
@@ -197,7 +207,7 @@ def scan_vllm(models_dir: Path) -> dict[str, str | None]:
     table: dict[str, str | None] = {}
     for arch, key in _registry(models_dir).items():
         via = None
-        for a in _ancestors(key, classes):
+        for a in ancestors(key, classes):
             info = classes.get(a) if isinstance(a, tuple) else None
             if info is not None and any(b == ("interfaces", VLLM_INTERFACE) or b == VLLM_INTERFACE for b in info.bases):
                 via = f"{a[0]}.{a[1]}"

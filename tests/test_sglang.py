@@ -1,0 +1,372 @@
+"""engine=sglang without a GPU: the aux-id translation, the preflight (against small SGLang-like
+source trees written here, and against the real SGLang source when it is present), the config
+mapping to the engine recipe, and the engine's batch layout. Nothing here imports sglang."""
+
+import importlib.util
+import json
+import pickle
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.draft import DraftShape
+from models.sglang_target import check_aux_width, documents, import_sglang, rank_span, to_rows
+from models.target import TargetInfo, default_aux_layer_ids
+from serving.formats import sglang_config
+from serving.sglang_preflight import (
+    SOURCE_ENV,
+    SGLangSource,
+    attention_backends,
+    check_target,
+    find_sglang_source,
+    preflight,
+    read_target_shape,
+    sglang_layer_ids,
+)
+from serving.sglang_preflight import main as preflight_main
+from tests.tiny import tiny_config
+from trainer.batch import TokenBatch
+from trainer.dist import Parallel
+from trainer.sources import sglang_recipe, target_recipe
+from trainer.stream import TargetSource
+from trainer.target_factory import PathTarget, SGLangTarget
+
+KIMI = "KimiK25ForConditionalGeneration"
+KIMI_IDS = [1, 29, 57]  # default_aux_layer_ids(61), conf/target/kimi_k25.yaml
+
+# --------------------------------------------------------------------------- small SGLang-like source trees
+
+MODELS = {
+    # Llama style: every explicit id + 1; the body reads layers_to_capture; the head hands aux to the logits processor.
+    "llama.py": '''
+        from torch import nn
+
+        class LlamaModel(nn.Module):
+            def forward(self, x):
+                aux_hidden_states = [x for i in range(3) if i in self.layers_to_capture]
+                return x, aux_hidden_states
+
+        class LlamaForCausalLM(nn.Module):
+            def __init__(self, config):
+                self.model = self._init_model(config)
+
+            def _init_model(self, config):
+                return LlamaModel(config)
+
+            def forward(self, input_ids, positions, forward_batch):
+                hidden_states, aux_hidden_states = self.model(input_ids)
+                return self.logits_processor(input_ids, hidden_states, self.lm_head, forward_batch, aux_hidden_states)
+
+            def set_eagle3_layers_to_capture(self, layer_ids=None):
+                if not self.pp_group.is_last_rank:
+                    return
+                self.capture_aux_hidden_states = True
+                self.model.layers_to_capture = [val + 1 for val in layer_ids]
+
+        class NoCaptureForCausalLM(nn.Module):
+            def forward(self, input_ids):
+                return self.logits_processor(input_ids, input_ids, self.lm_head, None)
+
+        class SilentForCausalLM(LlamaForCausalLM):
+            def forward(self, input_ids, positions, forward_batch):
+                hidden_states, _ = self.model(input_ids)
+                return self.logits_processor(input_ids, hidden_states, self.lm_head, forward_batch)
+
+        EntryClass = [LlamaForCausalLM, NoCaptureForCausalLM, SilentForCausalLM]
+    ''',
+    # DeepSeek style: + 1 only when the first id is 1; a multimodal wrapper delegates to it (Kimi-K2.5's shape).
+    "deepseek.py": '''
+        from torch import nn
+
+        class DeepseekModel(nn.Module):
+            def forward(self, x):
+                return [layer(x, captured=(i in self.layers_to_capture)) for i, layer in enumerate(self.layers)]
+
+        class DeepseekForCausalLM(nn.Module):
+            def __init__(self, config):
+                self.model = DeepseekModel(config)
+
+            def forward(self, input_ids, forward_batch):
+                hidden_states, aux_hidden_states = self.model(input_ids)
+                return self.logits_processor(input_ids, hidden_states, self.lm_head, forward_batch, aux_hidden_states)
+
+            def set_eagle3_layers_to_capture(self, layer_ids=None):
+                self.capture_aux_hidden_states = True
+                if layer_ids and layer_ids[0] == 1:
+                    self.model.layers_to_capture = [val + 1 for val in layer_ids]
+                else:
+                    self.model.layers_to_capture = list(layer_ids)
+
+        class WrapperForConditionalGeneration(nn.Module):
+            def __init__(self, config):
+                self.language_model = None
+                if config.text:
+                    self.language_model = DeepseekForCausalLM(config.text_config)
+
+            def forward(self, input_ids, forward_batch):
+                return embed_routine(input_ids, forward_batch, language_model=self.language_model)
+
+            def set_eagle3_layers_to_capture(self, layer_ids=None):
+                if not hasattr(self.language_model, "set_eagle3_layers_to_capture"):
+                    raise AttributeError("language_model does not support EAGLE3")
+                self.language_model.set_eagle3_layers_to_capture(layer_ids)
+
+        EntryClass = [DeepseekForCausalLM, WrapperForConditionalGeneration]
+    ''',
+}
+
+
+def write_sglang_tree(root: Path, version: str = "9.9.9") -> Path:
+    """An ``sglang/`` package dir shaped like the wheel's: _version.py, srt/server_args.py, srt/models/."""
+    package = root / "sglang"
+    (package / "srt" / "models").mkdir(parents=True)
+    (package / "_version.py").write_text(f"__version__ = version = '{version}'\n")
+    (package / "srt" / "server_args.py").write_text('ATTENTION_BACKEND_CHOICES = [\n    "triton",\n    "fa3",\n]\n')
+    for name, text in MODELS.items():
+        (package / "srt" / "models" / name).write_text(textwrap.dedent(text))
+    return package
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory) -> SGLangSource:
+    return SGLangSource.read(write_sglang_tree(tmp_path_factory.mktemp("fake")))
+
+
+@pytest.fixture(scope="module")
+def real() -> SGLangSource:
+    """The real SGLang source: $STREAMDRAFT_SGLANG_SRC, the installed package, or /tmp/sgl/sglang."""
+    found = find_sglang_source()
+    if found is None and (Path("/tmp/sgl/sglang") / "srt" / "models").is_dir():
+        found = Path("/tmp/sgl/sglang")
+    if found is None:
+        pytest.skip(f"no SGLang source: set {SOURCE_ENV} to an unpacked sglang wheel's sglang/ (docs/SGLANG.md)")
+    return SGLangSource.read(found)
+
+
+def target_dir(root: Path, architecture: str, num_layers: int, hidden: int = 64, multimodal: bool = False) -> Path:
+    sizes = {"num_hidden_layers": num_layers, "hidden_size": hidden}
+    config = {"architectures": [architecture], **({"text_config": sizes} if multimodal else sizes)}
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(config))
+    return root
+
+
+# --------------------------------------------------------------------------- the id translation
+
+
+def test_our_ids_go_to_sglang_unchanged_and_it_captures_the_next_layers_input():
+    ids = sglang_layer_ids([1, 14, 26])
+    assert ids.argument == [1, 14, 26]  # output of layer k, as SGLang reads explicit ids
+    assert ids.layer_inputs == [2, 15, 27]  # SGLang captures the input of layer k + 1: the same tensor
+
+
+def test_the_export_writes_the_argument_the_engine_passes():
+    shape = DraftShape(
+        hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16, target_hidden_size=64,
+        num_aux=3, vocab_size=300, draft_vocab_size=100, rms_norm_eps=1e-5, rope_theta=1e4, max_position_embeddings=512,
+    )  # fmt: skip
+    config = sglang_config(shape, [1, 14, 26], norm_output=False, dtype=torch.bfloat16, target_num_layers=30)
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == sglang_layer_ids([1, 14, 26]).argument
+
+
+# --------------------------------------------------------------------------- preflight on small source trees
+
+
+def test_a_llama_style_class_passes_at_any_ids(fake):
+    for ids in ([1, 3, 4], [2, 3, 5], [0, 3, 6]):
+        checked = preflight(fake, "LlamaForCausalLM", 8, ids)
+        assert checked.ids.layer_inputs == [k + 1 for k in ids]
+        assert "llama.LlamaModel" in checked.captured_by and "llama.LlamaForCausalLM" in checked.logits_forward
+
+
+def test_a_class_without_capture_is_the_field_failure(fake):
+    with pytest.raises(ValueError) as err:
+        preflight(fake, "NoCaptureForCausalLM", 61, KIMI_IDS, hidden_size=7168)
+    text = str(err.value)
+    for part in ("NoCaptureForCausalLM", "SGLang 9.9.9", "set_eagle3_layers_to_capture", "7168 values a token instead of 21504", "~1.0"):
+        assert part in text
+
+
+def test_a_wrapper_delegates_to_its_language_model(fake):
+    checked = preflight(fake, "WrapperForConditionalGeneration", 61, KIMI_IDS)
+    assert checked.ids.layer_inputs == [2, 30, 58]
+    assert "deepseek.DeepseekModel" in checked.captured_by and "deepseek.DeepseekForCausalLM" in checked.logits_forward
+
+
+@pytest.mark.parametrize("architecture", ["DeepseekForCausalLM", "WrapperForConditionalGeneration"])
+def test_deepseek_rule_ids_not_starting_at_1_would_be_captured_a_layer_early(fake, architecture):
+    with pytest.raises(ValueError) as err:
+        preflight(fake, architecture, 61, [2, 30, 57])
+    text = str(err.value)
+    assert "captures the inputs of layers [2, 30, 57]" in text and "needs the inputs of layers [3, 31, 58]" in text
+    assert "start with 1" in text and architecture in text and "9.9.9" in text
+
+
+def test_a_forward_that_drops_the_aux_states_fails(fake):
+    with pytest.raises(ValueError, match="never hands aux_hidden_states to a logits processor"):
+        preflight(fake, "SilentForCausalLM", 8, [1, 3, 4])
+
+
+def test_an_unknown_architecture_names_itself_and_the_version(fake):
+    with pytest.raises(ValueError, match="GrokForCausalLM with SGLang 9.9.9: SGLang registers no model class"):
+        preflight(fake, "GrokForCausalLM", 8, [1, 3, 4])
+
+
+def test_check_target_reads_the_dir_and_the_backend_list(tmp_path, fake):
+    model = target_dir(tmp_path / "model", "WrapperForConditionalGeneration", 61, hidden=7168, multimodal=True)
+    assert read_target_shape(model).num_layers == 61 and read_target_shape(model).hidden_size == 7168
+    assert check_target(model, KIMI_IDS, "fa3", source_dir=fake.package_dir).architecture == "WrapperForConditionalGeneration"
+    with pytest.raises(ValueError, match="config engine.sglang.attention_backend: SGLang 9.9.9 knows no 'flashattn'"):
+        check_target(model, KIMI_IDS, "flashattn", source_dir=fake.package_dir)
+    with pytest.raises(ValueError, match="has no config.json"):
+        read_target_shape(tmp_path)
+
+
+def test_the_preflight_command(tmp_path, fake, capsys):
+    model = target_dir(tmp_path / "model", "LlamaForCausalLM", 8)
+    assert preflight_main([str(model), "--sglang-src", str(fake.package_dir)]) == 0  # default ids [1, 3, 4]
+    assert "with [1, 3, 4] captures the inputs of layers [2, 4, 5]" in capsys.readouterr().out
+
+
+def test_the_source_is_found_by_env_var_or_not_at_all(tmp_path, fake, monkeypatch):
+    monkeypatch.setenv(SOURCE_ENV, str(fake.package_dir))
+    assert find_sglang_source() == fake.package_dir
+    monkeypatch.setenv(SOURCE_ENV, str(tmp_path))
+    with pytest.raises(ValueError, match="not an sglang package dir"):
+        find_sglang_source()
+    monkeypatch.delenv(SOURCE_ENV)
+    if find_sglang_source() is None:  # sglang not installed here: the preflight says how to get it
+        with pytest.raises(ValueError, match=r"pip install 'streamdraft\[sglang\]'"):
+            check_target(target_dir(tmp_path / "m", "LlamaForCausalLM", 8), [1, 3, 4])
+
+
+# --------------------------------------------------------------------------- preflight on the real SGLang source
+
+
+def test_real_kimi_k25_captures_at_the_default_ids(real):
+    checked = preflight(real, KIMI, 61, default_aux_layer_ids(61), hidden_size=7168)
+    assert checked.ids.argument == KIMI_IDS and checked.ids.layer_inputs == [2, 30, 58]
+    assert checked.model_class == "kimi_k25.KimiK25ForConditionalGeneration"
+    assert "deepseek_v2.DeepseekV2Model" in checked.captured_by  # Kimi-K2.5's language model is DeepSeek-V3
+    assert "deepseek_v2.DeepseekV2ForCausalLM" in checked.logits_forward
+
+
+def test_real_kimi_k25_rejects_ids_its_deepseek_rule_would_shift(real):
+    with pytest.raises(ValueError, match=r"captures the inputs of layers \[2, 30, 57\]"):
+        preflight(real, KIMI, 61, [2, 30, 57])
+
+
+@pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen3ForCausalLM", "DeepseekV3ForCausalLM", "Qwen3VLForConditionalGeneration"])
+def test_real_targets_that_capture_pass(real, architecture):
+    assert preflight(real, architecture, 32, [1, 15, 28]).ids.layer_inputs == [2, 16, 29]
+
+
+@pytest.mark.parametrize("architecture", ["TorchNativeLlamaForCausalLM", "KimiVLForConditionalGeneration", "Gemma2ForCausalLM"])
+def test_real_targets_without_capture_fail_clearly(real, architecture):
+    with pytest.raises(ValueError, match=f"{architecture} with SGLang {real.version}: .* neither defines nor inherits"):
+        preflight(real, architecture, 32, [1, 15, 28])
+
+
+def test_real_attention_backends(real):
+    assert {"fa3", "flashinfer", "triton", "flashmla"} <= set(attention_backends(real))
+
+
+# --------------------------------------------------------------------------- config -> recipe
+
+
+def test_engine_sglang_maps_to_one_recipe_per_local_rank():
+    cfg = tiny_config("engine=sglang", "engine.sglang.tp_size=4", "engine.sglang.mem_fraction_static=0.6",
+                      "engine.sglang.attention_backend=fa3", "engine.sglang.load_format=dummy", "engine.sglang.max_total_tokens=65536",
+                      "target=local", "target.path=/models/kimi")  # fmt: skip
+    assert cfg.engine.mode == "colocated" and cfg.engine.slot_tokens == cfg.data.max_tokens
+    recipes = [sglang_recipe(cfg.target, cfg.engine, KIMI_IDS, torch.bfloat16, r) for r in range(8)]
+    assert [(r.tp_rank, r.dist_port) for r in recipes] == [(i % 4, 29650 + i // 4) for i in range(8)]
+    first = recipes[0]
+    assert (first.path, first.aux_layer_ids, first.dtype, first.tp_size) == ("/models/kimi", tuple(KIMI_IDS), torch.bfloat16, 4)
+    assert (first.mem_fraction_static, first.attention_backend, first.load_format, first.max_total_tokens) == (0.6, "fa3", "dummy", 65536)
+    assert pickle.loads(pickle.dumps(first)) == first  # the engine process receives it pickled
+
+
+def test_the_kimi_preset_composes_with_engine_sglang():
+    cfg = tiny_config("target=kimi_k25", "target.path=/models/kimi", "engine=sglang", "engine.sglang.tp_size=8")
+    assert cfg.target.aux_layer_ids == KIMI_IDS == default_aux_layer_ids(61)  # what the real-source test checks
+    assert cfg.target.dtype == "bfloat16" and cfg.engine.sglang.tp_size == 8
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["engine=sglang", "engine.sglang.tp_size=0"], "engine.sglang.tp_size"),
+    (["engine=sglang", "engine.sglang.mem_fraction_static=1.2"], "engine.sglang.mem_fraction_static"),
+    (["engine=sglang", "engine.sglang.load_format=pt"], "engine.sglang.load_format"),
+    (["engine=sglang", "engine.sglang.max_total_tokens=0"], "engine.sglang.max_total_tokens"),
+    (["engine=sglang", "engine.sglang.dist_port=80"], "engine.sglang.dist_port"),
+    (["engine=sglang", "engine.mode=inprocess"], "engine.mode"),
+    (["engine.name=sglang"], "engine.sglang"),
+    (["engine.name=vllm"], "engine.name"),
+])  # fmt: skip
+def test_bad_engine_values_name_the_key(overrides, key):
+    with pytest.raises(ValueError, match=f"config {key}:"):
+        tiny_config(*overrides)
+
+
+def test_target_recipe_per_engine(tmp_path, fake, monkeypatch):
+    model = target_dir(tmp_path / "model", "WrapperForConditionalGeneration", 61, multimodal=True)
+    gpu = Parallel(rank=0, world=2, local_rank=1, device=torch.device("cuda", 1))  # no CUDA call is made
+    assert isinstance(target_recipe(tiny_config(), [1, 14, 26], torch.float32, gpu), PathTarget)
+    cfg = tiny_config("engine=sglang", "engine.sglang.tp_size=2", "target=local", f"target.path={model}")
+    monkeypatch.setenv(SOURCE_ENV, str(fake.package_dir))
+    monkeypatch.setenv("LOCAL_SIZE", "2")
+    recipe = target_recipe(cfg, KIMI_IDS, torch.bfloat16, gpu)  # preflight passes
+    assert isinstance(recipe, SGLangTarget) and (recipe.tp_rank, recipe.dist_port) == (1, 29650)
+    with pytest.raises(ValueError, match="captures the inputs of layers"):
+        target_recipe(cfg, [2, 30, 57], torch.bfloat16, gpu)
+    with pytest.raises(ValueError, match="config engine.name: sglang runs the target on CUDA GPUs"):
+        target_recipe(cfg, KIMI_IDS, torch.bfloat16, Parallel(0, 1, 0, torch.device("cpu")))
+    monkeypatch.setenv("LOCAL_SIZE", "3")
+    with pytest.raises(ValueError, match="config engine.sglang.tp_size: 2 does not divide the 3 trainer ranks"):
+        target_recipe(cfg, KIMI_IDS, torch.bfloat16, gpu)
+
+
+# --------------------------------------------------------------------------- the engine's batch layout
+
+
+def test_documents_of_padded_and_packed_batches():
+    ids = torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0]])
+    padded = TokenBatch(ids, ids > 0, torch.tensor([3, 2]))
+    assert documents(padded) == [[5, 6, 7], [8, 9]]
+    packed = TokenBatch(ids, ids > 0, torch.tensor([3, 2]), doc_ids=torch.tensor([[0, 0, 1, -1], [0, 0, -1, -1]]))
+    assert documents(packed) == [[5, 6], [7], [8, 9]]  # each document is its own prefill (positions from 0)
+
+
+def test_each_rank_keeps_its_rows_of_the_group_prefill():
+    per_rank = [[[1, 2, 3], [4]], [[5, 6]], [[7], [8, 9]]]  # the documents of 3 TP ranks
+    flat = torch.tensor([t for docs in per_rank for d in docs for t in d], dtype=torch.float32)[:, None]  # [N, 1]
+    counts = [sum(map(len, docs)) for docs in per_rank]
+    assert [flat[rank_span(counts, r)].flatten().tolist() for r in range(3)] == [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
+    rows = to_rows(flat[rank_span(counts, 2)], [1, 2], width=3)  # rank 2: rows of 1 and 2 valid tokens
+    assert rows.shape == (2, 3, 1) and rows[..., 0].tolist() == [[7, 0, 0], [8, 9, 0]]
+
+
+def test_an_engine_that_hands_over_the_last_hidden_state_is_refused():
+    info = TargetInfo(KIMI, "kimi_k25", 61, 7168, 163840, tuple(KIMI_IDS), "/models/kimi")
+    check_aux_width(torch.zeros(5, 3 * 7168), info, "0.5.14")
+    with pytest.raises(ValueError, match="handed 7168 values a token instead of 21504"):
+        check_aux_width(torch.zeros(5, 7168), info, "0.5.14")
+
+
+def test_engine_and_trainer_must_agree_on_the_target():
+    mine = TargetInfo("LlamaForCausalLM", "llama", 8, 64, 128, (1, 3, 4), "x")
+    source = TargetSource(PathTarget())
+    source._check_same_target(mine, mine)
+    with pytest.raises(ValueError, match=r"aux_layer_ids: trainer \(1, 3, 4\), engine \(2, 3, 4\)"):
+        source._check_same_target(mine, TargetInfo("LlamaForCausalLM", "llama", 8, 64, 128, (2, 3, 4), "x"))
+
+
+def test_without_sglang_the_engine_says_how_to_install_it():
+    if importlib.util.find_spec("sglang") is not None:
+        pytest.skip("sglang is installed here")
+    with pytest.raises(ImportError, match=r"pip install 'streamdraft\[sglang\]'"):
+        import_sglang()
+    with pytest.raises(ImportError, match="SGLang 0.5.14"):
+        SGLangTarget(path="/models/x").build(torch.device("cpu"))
