@@ -13,16 +13,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from models.attention import document_causal_mask
 from trainer.ttt import shift_left
 
 
-def ttt_attention_scores(q: Tensor, cache: list[tuple[Tensor, Tensor]], groups: int) -> Tensor:
+def ttt_attention_scores(q: Tensor, cache: list[tuple[Tensor, Tensor]], groups: int, doc_ids: Tensor | None = None) -> Tensor:
     """Drop-in for ``models.attention.ttt_attention``: q [B, H, T, D]; cache[j] = (k, v) [B, H_kv, T, D]."""
     scale = q.shape[-1] ** -0.5
     k0, v0 = (x.repeat_interleave(groups, dim=1) for x in cache[0])  # [B, H, T, D]
     t = q.shape[2]
-    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-    scores0 = ((q @ k0.transpose(-1, -2)) * scale).masked_fill(~causal, torch.finfo(q.dtype).min)  # [B, H, T, T]
+    allowed = document_causal_mask(t, q.device, doc_ids)[:, None]  # [1 or B, 1, T, T]
+    scores0 = ((q @ k0.transpose(-1, -2)) * scale).masked_fill(~allowed, torch.finfo(q.dtype).min)  # [B, H, T, T]
     later = [(k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)) for k, v in cache[1:]]
     diag = [(q * k).sum(-1, keepdim=True) * scale for k, _ in later]  # each [B, H, T, 1]
     probs = torch.softmax(torch.cat([scores0, *diag], dim=-1).float(), dim=-1).to(q.dtype)

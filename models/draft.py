@@ -111,8 +111,8 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(2 * s.hidden_size, kv_out, bias=False)
         self.o_proj = nn.Linear(q_out, s.hidden_size, bias=False)
 
-    def forward(self, x: Tensor, positions: Tensor, cache: KVCache) -> Tensor:
-        """x [B, T, 2H] at ``positions`` [B, T]; appends this step's k/v to ``cache``."""
+    def forward(self, x: Tensor, positions: Tensor, cache: KVCache, doc_ids: Tensor | None) -> Tensor:
+        """x [B, T, 2H] at ``positions`` [B, T], documents ``doc_ids`` [B, T] or None; appends k/v to ``cache``."""
         s, (b, t, _) = self.s, x.shape
         q = self.q_proj(x).view(b, t, s.num_attention_heads, s.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, s.num_key_value_heads, s.head_dim).transpose(1, 2)
@@ -120,7 +120,7 @@ class Attention(nn.Module):
         cos, sin = rope_cos_sin(positions, s.head_dim, s.rope_theta, q.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         cache.append((k, v))
-        out = ttt_attention(q, cache, s.num_attention_heads // s.num_key_value_heads)
+        out = ttt_attention(q, cache, s.num_attention_heads // s.num_key_value_heads, doc_ids)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -146,9 +146,9 @@ class MidLayer(nn.Module):
         self.self_attn = Attention(s)
         self.mlp = MLP(s)
 
-    def forward(self, embeds: Tensor, hidden: Tensor, positions: Tensor, cache: KVCache) -> Tensor:
+    def forward(self, embeds: Tensor, hidden: Tensor, positions: Tensor, cache: KVCache, doc_ids: Tensor | None) -> Tensor:
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
-        residual = hidden + self.self_attn(x, positions, cache)
+        residual = hidden + self.self_attn(x, positions, cache, doc_ids)
         return residual + self.mlp(self.post_attention_layernorm(residual))
 
 
@@ -173,14 +173,17 @@ class Eagle3Draft(nn.Module):
         """Fuse the target's aux features [B, T, num_aux * H_t] -> [B, T, H]."""
         return self.fc(aux)
 
-    def step(self, input_ids: Tensor, hidden: Tensor, positions: Tensor, cache: KVCache) -> tuple[Tensor, Tensor]:
+    def step(
+        self, input_ids: Tensor, hidden: Tensor, positions: Tensor, cache: KVCache, doc_ids: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """One draft forward. Returns (pre-norm hidden [B, T, H], draft logits [B, T, V_d]).
 
+        ``doc_ids`` [B, T] (packed rows): attention stays inside each document; None: one a row.
         The pre-norm hidden is what SGLang feeds back at the next draft step unless the
         exported config sets ``norm_output`` (DESIGN contract 5).
         """
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)
-        out = self.midlayer(embeds, hidden, positions, cache)
+        out = self.midlayer(embeds, hidden, positions, cache, doc_ids)
         return out, self.lm_head(self.norm(out))
 
     def trainable_state_dict(self) -> dict[str, Tensor]:

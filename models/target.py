@@ -9,6 +9,10 @@ decoder layer's output (``k = N - 1``) can never be an aux layer.
 ``[tokens, vocab]`` tensor is ever built), copies the aux layers' outputs into one
 preallocated ``[B, T, num_aux * H]`` tensor from forward hooks that live for exactly one
 call, and returns the body's final normed hidden state beside it.
+
+A packed batch (``TokenBatch.doc_ids``, several documents a row) runs with position ids that
+restart at each document and a block-diagonal causal 4D mask, so every document's features
+are those it has alone (tests/test_packing.py).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel  # noqa: E402
 
+from models.attention import document_causal_mask  # noqa: E402
 from trainer.batch import FeatureBatch, TokenBatch  # noqa: E402
 
 
@@ -159,14 +164,27 @@ class HFTargetEngine:
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True, **kwargs)
         return cls(model, aux_layer_ids, device=device, dtype=dtype, source=str(Path(path).expanduser()))
 
+    def _document_mask(self, doc_ids: Tensor) -> Tensor:
+        """[B, 1, T, T] additive mask (0 or the dtype's min): causal within each document of doc_ids [B, T]."""
+        config = self.model.config
+        if config._attn_implementation not in ("sdpa", "eager"):
+            raise ValueError(f"packed batches need sdpa or eager attention in the target, it runs {config._attn_implementation}")
+        if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
+            raise ValueError(f"{self.info.architecture} has sliding-window layers: packed batches (data.packing) need full attention")
+        allowed = document_causal_mask(doc_ids.shape[1], self.device, doc_ids)[:, None]  # [B, 1, T, T]
+        mask = torch.zeros(allowed.shape, device=self.device, dtype=self.dtype)
+        return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+
     @torch.no_grad()
     def features(self, tokens: TokenBatch) -> FeatureBatch:
-        """Aux-layer outputs and the final normed hidden state for a right-padded batch."""
+        """Aux-layer outputs and the final normed hidden state for a right-padded or packed batch."""
         tokens = tokens.to(self.device)
         B, T = tokens.input_ids.shape
         H, ids = self.info.hidden_size, self.info.aux_layer_ids
-        positions = torch.arange(T, device=self.device)  # [T]
-        attention_mask = (positions[None, :] < tokens.lengths[:, None]).long()  # [B, T]
+        if tokens.doc_ids is None:
+            attention_mask = (torch.arange(T, device=self.device)[None, :] < tokens.lengths[:, None]).long()  # [B, T]
+        else:
+            attention_mask = self._document_mask(tokens.doc_ids)  # [B, 1, T, T]
         aux = torch.empty(B, T, len(ids) * H, device=self.device, dtype=self.dtype)  # [B, T, A*H]
         filled: set[int] = set()
 
@@ -180,7 +198,9 @@ class HFTargetEngine:
 
         handles = [self._layers[k].register_forward_hook(hook_for(slot)) for slot, k in enumerate(ids)]
         try:
-            out = self._body(input_ids=tokens.input_ids, attention_mask=attention_mask, use_cache=False)
+            out = self._body(
+                input_ids=tokens.input_ids, attention_mask=attention_mask, position_ids=tokens.positions(), use_cache=False
+            )
         finally:
             for handle in handles:
                 handle.remove()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import pytest
 import torch
 
 from trainer.batch import FeatureBatch, TokenBatch
+from trainer.data import EncodedSample, PackedBatcher
 from trainer.engine_process import EngineError
 from trainer.feature_ring import RingSpec, allocate_ring
 from trainer.stream import ColocatedStream, InProcessStream, TargetSource, open_feature_stream
@@ -61,13 +63,26 @@ INPROCESS = Settings("inprocess")
 
 def clone(fb: FeatureBatch) -> FeatureBatch:
     t = fb.tokens
-    return FeatureBatch(TokenBatch(t.input_ids.clone(), t.loss_mask.clone(), t.lengths.clone()), fb.aux.clone(), fb.final.clone())
+    doc_ids = t.doc_ids.clone() if t.doc_ids is not None else None
+    tokens = TokenBatch(t.input_ids.clone(), t.loss_mask.clone(), t.lengths.clone(), doc_ids)
+    return FeatureBatch(tokens, fb.aux.clone(), fb.final.clone())
 
 
 def assert_same(a: FeatureBatch, b: FeatureBatch) -> None:
     for x, y in ((a.aux, b.aux), (a.final, b.final), (a.tokens.input_ids, b.tokens.input_ids),
                  (a.tokens.loss_mask, b.tokens.loss_mask), (a.tokens.lengths, b.tokens.lengths)):
         assert x.dtype == y.dtype and torch.equal(x, y)
+    assert (a.tokens.doc_ids is None) == (b.tokens.doc_ids is None)
+    assert a.tokens.doc_ids is None or torch.equal(a.tokens.doc_ids, b.tokens.doc_ids)
+
+
+def packed_batches(n: int) -> list[TokenBatch]:
+    """``n`` packed batches: 2 rows of at most 32 tokens, several documents a row."""
+    g = torch.Generator().manual_seed(5)
+    lengths = torch.randint(3, 16, (8 * n,), generator=g).tolist()
+    docs = [EncodedSample(torch.randint(1, VOCAB, (m,), generator=g).tolist(), [True] * m) for m in lengths]
+    batcher = PackedBatcher(max_tokens=64, row_tokens=32, pad_id=0)
+    return [batcher.collate([docs[i] for i in group]) for group in batcher.plan(lengths, random.Random(0))[:n]]
 
 
 def alive(pid: int) -> bool:
@@ -114,8 +129,8 @@ def test_slot_round_trip_in_shared_memory():
     for tokens in make_batches(2):
         fb = toy_features(tokens)
         b, t = ring[1].write(fb)
-        assert_same(ring[1].view(b, t), fb)
-        assert ring[1].view(b, t).aux.data_ptr() == ring[1].aux.data_ptr()  # a view, not a copy
+        assert_same(ring[1].view(b, t, False), fb)
+        assert ring[1].view(b, t, False).aux.data_ptr() == ring[1].aux.data_ptr()  # a view, not a copy
     too_big = make_batches(1)[0]
     too_big = TokenBatch(too_big.input_ids.repeat(3, 1), too_big.loss_mask.repeat(3, 1), too_big.lengths.repeat(3))
     with pytest.raises(ValueError, match="does not fit a feature ring slot of 64 tokens: raise engine.slot_tokens"):
@@ -170,6 +185,19 @@ def test_colocated_equals_inprocess_bitwise(hf_source, reference):
     assert process.pid != os.getpid() and process.alive
     assert stream.stats.batches == 6 and stream.stats.tokens == sum(b.input_ids.numel() for b in make_batches(6))
     assert process.info.aux_layer_ids == (1, 3, 4) and process.spec.aux_width == 3 * 64
+
+
+def test_packed_batches_colocated_equal_inprocess(hf_source):
+    """The ring carries a packed batch's doc ids; a padded batch after it reads none."""
+    batches = packed_batches(4)
+    assert all(int(b.doc_ids.max()) > 0 for b in batches)
+    with open_feature_stream(INPROCESS, hf_source, batches, "cpu") as stream:
+        reference = [clone(fb) for fb in stream]
+    with open_feature_stream(COLOCATED, hf_source, [*batches, make_batches(1)[0]], "cpu") as stream:
+        got = [clone(fb) for fb in stream]
+    for a, b in zip(got, reference):
+        assert_same(a, b)
+    assert len(got) == 5 and got[-1].tokens.doc_ids is None
 
 
 def test_losses_equal_over_steps(hf_source):

@@ -9,7 +9,7 @@ Messages (small dataclasses over two ``multiprocessing`` queues; features never 
 through them, only slot indices):
 
     trainer -> engine   Ring(slots) once, Submit(stream, seq, tokens), Free(slot), Cancel(stream), Stop()
-    engine -> trainer   Started(info, dtype), Ready(stream, seq, slot, b, t), Cancelled(stream, seqs), Failed(traceback)
+    engine -> trainer   Started(info, dtype), Ready(stream, seq, slot, b, t, packed), Cancelled(stream, seqs), Failed(traceback)
 
 The engine computes a batch only when it holds a free slot (backpressure: with every slot
 full it waits for ``Free``), copies the features into the slot and sends ``Ready``. On a
@@ -67,22 +67,26 @@ class EngineError(RuntimeError):
 
 @dataclass(frozen=True)
 class PackedTokens:
-    """A TokenBatch as numpy arrays: pickled through the queue's pipe (9 bytes a token)."""
+    """A TokenBatch as numpy arrays: pickled through the queue's pipe (9 bytes a token, 17 packed)."""
 
     input_ids: np.ndarray  # [B, T] int64
     loss_mask: np.ndarray  # [B, T] bool
     lengths: np.ndarray  # [B] int64
+    doc_ids: np.ndarray | None  # [B, T] int64, packed batches
 
     @classmethod
     def of(cls, tokens: TokenBatch) -> "PackedTokens":
+        doc_ids = tokens.doc_ids.detach().cpu().numpy().astype(np.int64, copy=False) if tokens.doc_ids is not None else None
         return cls(
             tokens.input_ids.detach().cpu().numpy().astype(np.int64, copy=False),
             tokens.loss_mask.detach().cpu().numpy().astype(np.bool_, copy=False),
             tokens.lengths.detach().cpu().numpy().astype(np.int64, copy=False),
+            doc_ids,
         )
 
     def unpack(self) -> TokenBatch:
-        return TokenBatch(torch.from_numpy(self.input_ids), torch.from_numpy(self.loss_mask), torch.from_numpy(self.lengths))
+        doc_ids = torch.from_numpy(self.doc_ids) if self.doc_ids is not None else None
+        return TokenBatch(torch.from_numpy(self.input_ids), torch.from_numpy(self.loss_mask), torch.from_numpy(self.lengths), doc_ids)
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,7 @@ class Ready:
     slot: int
     b: int
     t: int
+    packed: bool  # the slot holds doc ids
     sent_at: float  # time.monotonic() in the engine (system-wide clock)
 
 
@@ -311,7 +316,7 @@ class _EngineLoop:
         self.timer.stop(start)
         if slot.ready is not None:
             slot.ready.record(torch.cuda.current_stream(self.device))
-        self.outbox.put(Ready(job.stream, job.seq, index, b, t, time.monotonic()))
+        self.outbox.put(Ready(job.stream, job.seq, index, b, t, fb.tokens.doc_ids is not None, time.monotonic()))
         self.stats[_stat_index("batches")] += 1
         self.stats[_stat_index("tokens")] += b * t
         if self.device.type == "cuda":

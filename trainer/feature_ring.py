@@ -2,8 +2,9 @@
 
 Every slot holds one batch's features at the largest size the run allows (``tokens`` =
 B x T of the largest batch): the aux features ``[tokens, num_aux * H]``, the final hidden
-state ``[tokens, H]``, and the token tensors ``input_ids`` / ``loss_mask`` ``[tokens]`` and
-``lengths`` ``[tokens]`` (a batch has at most ``tokens`` rows). The trainer allocates the
+state ``[tokens, H]``, and the token tensors ``input_ids`` / ``loss_mask`` / ``doc_ids``
+``[tokens]`` and ``lengths`` ``[tokens]`` (a batch has at most ``tokens`` rows; ``doc_ids`` is
+read only for a packed batch). The trainer allocates the
 ring once, on its device, and sends it once to the engine process:
 
 - on a GPU the tensors travel as CUDA IPC handles (``torch.multiprocessing``): both
@@ -59,7 +60,7 @@ class RingSpec:
     def slot_bytes(self) -> int:
         """Bytes of one slot: features plus token tensors."""
         feature = self.tokens * (self.aux_width + self.hidden) * torch.empty((), dtype=self.dtype).element_size()
-        return feature + self.tokens * (8 + 1 + 8)
+        return feature + self.tokens * (8 + 1 + 8 + 8)
 
 
 @dataclass
@@ -72,6 +73,7 @@ class Slot:
     input_ids: Tensor  # [tokens] long
     loss_mask: Tensor  # [tokens] bool
     lengths: Tensor  # [tokens] long; the first B entries are used
+    doc_ids: Tensor  # [tokens] long; packed batches only
     ready: torch.cuda.Event | None  # GPU: recorded by the engine after its copy
     free: torch.cuda.Event | None  # GPU: recorded by the trainer after its last read
 
@@ -87,7 +89,8 @@ class Slot:
             )
 
     def write(self, fb: FeatureBatch) -> tuple[int, int]:
-        """Copy ``fb`` into the slot's first B*T rows; returns (B, T). Runs on the caller's stream."""
+        """Copy ``fb`` into the slot's first B*T rows; returns (B, T). Runs on the caller's stream.
+        A packed batch's ``doc_ids`` go along; ``view(b, t, packed=True)`` reads them back."""
         b, t = fb.tokens.input_ids.shape
         self.check_fits(b, t)
         n = b * t
@@ -103,13 +106,16 @@ class Slot:
         self.input_ids[:n].view(b, t).copy_(fb.tokens.input_ids, non_blocking=True)
         self.loss_mask[:n].view(b, t).copy_(fb.tokens.loss_mask, non_blocking=True)
         self.lengths[:b].copy_(fb.tokens.lengths, non_blocking=True)
+        if fb.tokens.doc_ids is not None:
+            self.doc_ids[:n].view(b, t).copy_(fb.tokens.doc_ids, non_blocking=True)
         return b, t
 
-    def view(self, b: int, t: int) -> FeatureBatch:
-        """The batch in the slot as contiguous ``[B, T, ...]`` views (no copy)."""
+    def view(self, b: int, t: int, packed: bool) -> FeatureBatch:
+        """The batch in the slot as contiguous ``[B, T, ...]`` views (no copy); ``packed``: with its doc ids."""
         self.check_fits(b, t)
         n = b * t
-        tokens = TokenBatch(self.input_ids[:n].view(b, t), self.loss_mask[:n].view(b, t), self.lengths[:b])
+        doc_ids = self.doc_ids[:n].view(b, t) if packed else None
+        tokens = TokenBatch(self.input_ids[:n].view(b, t), self.loss_mask[:n].view(b, t), self.lengths[:b], doc_ids)
         return FeatureBatch(tokens=tokens, aux=self.aux[:n].view(b, t, -1), final=self.final[:n].view(b, t, -1))
 
 
@@ -125,6 +131,7 @@ def allocate_ring(spec: RingSpec, device: torch.device) -> list[Slot]:
             torch.empty(spec.tokens, spec.hidden, dtype=spec.dtype, device=device),
             torch.zeros(spec.tokens, dtype=torch.long, device=device),
             torch.zeros(spec.tokens, dtype=torch.bool, device=device),
+            torch.zeros(spec.tokens, dtype=torch.long, device=device),
             torch.zeros(spec.tokens, dtype=torch.long, device=device),
         ]
         if device.type == "cpu":

@@ -6,6 +6,11 @@ Index conventions, for a row of valid length L (tokens x_0 .. x_{L-1}):
   target's next-token distribution at position p = t + 1 + k (which predicts x_{p+1}).
   The row counts when p + 1 < L, x_{p+1} is under the loss mask, and the target's argmax
   at p is in the draft vocab.
+
+Packed rows (``doc_ids`` [B, T]): positions count from each document's start, attention stays
+inside the document, and row t counts only when x_{p+1} is in t's document, so no label
+crosses a document end (the rows whose shifted input is the next document's first token
+are never counted, and no counted row attends to them).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from models.draft import Eagle3Draft
+from trainer.batch import document_positions
 from trainer.soft_ce import soft_cross_entropy
 
 
@@ -60,12 +66,15 @@ class TTTOutput:
     valid: Tensor  # [K] rows counted at each step
 
 
-def step_valid(loss_mask: Tensor, lengths: Tensor, in_draft: Tensor, k: int) -> Tensor:
+def step_valid(loss_mask: Tensor, lengths: Tensor, in_draft: Tensor, k: int, doc_ids: Tensor | None = None) -> Tensor:
     """[B, T] bool: rows of step k that carry a loss (see the module docstring)."""
     b, t = loss_mask.shape
     p = torch.arange(t, device=loss_mask.device) + 1 + k  # [T] label position
     inside = (p + 1)[None, :] < lengths[:, None]  # [B, T]
-    return inside & shift_left(loss_mask, 2 + k) & shift_left(in_draft, 1 + k)
+    valid = inside & shift_left(loss_mask, 2 + k) & shift_left(in_draft, 1 + k)
+    if doc_ids is not None:
+        valid = valid & (shift_left(doc_ids, 2 + k) == doc_ids)  # x_{p+1} in row t's document
+    return valid
 
 
 def ttt_unroll(
@@ -79,16 +88,17 @@ def ttt_unroll(
     steps: int,
     decay: float,
     norm_output: bool,
+    doc_ids: Tensor | None = None,  # [B, T] packed rows: document of each token, -1 on padding
 ) -> TTTOutput:
     b, t = input_ids.shape
-    positions = torch.arange(t, device=input_ids.device).expand(b, t)
+    positions = torch.arange(t, device=input_ids.device).expand(b, t) if doc_ids is None else document_positions(doc_ids)
     hidden = draft.project(aux)
     cache: list = []
     loss = hidden.new_zeros((), dtype=torch.float32)
     loss_sum, correct, valid = [], [], []
     for k in range(steps):
-        out, logits = draft.step(shift_left(input_ids, 1 + k), hidden, positions + k, cache)
-        mask = step_valid(loss_mask, lengths, labels.in_draft, k)  # [B, T]
+        out, logits = draft.step(shift_left(input_ids, 1 + k), hidden, positions + k, cache, doc_ids)
+        mask = step_valid(loss_mask, lengths, labels.in_draft, k, doc_ids)  # [B, T]
         ce = soft_cross_entropy(logits, labels.probs, 1 + k)  # [B, T]
         n = mask.sum()
         step_loss = (ce * mask).sum()
@@ -109,9 +119,10 @@ class TTTObjective(nn.Module):
         self.draft = draft
         self.steps, self.decay, self.norm_output = steps, decay, norm_output
 
-    def forward(self, input_ids, loss_mask, lengths, aux, labels: TargetLabels, draft_to_target) -> TTTOutput:
+    def forward(self, input_ids, loss_mask, lengths, aux, labels: TargetLabels, draft_to_target, doc_ids=None) -> TTTOutput:
         return ttt_unroll(
-            self.draft, input_ids, loss_mask, lengths, aux, labels, draft_to_target, self.steps, self.decay, self.norm_output
+            self.draft, input_ids, loss_mask, lengths, aux, labels, draft_to_target, self.steps, self.decay, self.norm_output,
+            doc_ids,
         )
 
 

@@ -13,7 +13,19 @@ One module a job (docs/DATA.md tells the whole story):
 - ``stats``: the counters a run reports
 """
 
-from trainer.data.batching import Batcher, Group, PaddedBatcher, group_by_budget, pad_batch, shard, token_batches
+from trainer.data.batching import (
+    Batcher,
+    Group,
+    PackedBatcher,
+    PaddedBatcher,
+    first_fit_rows,
+    group_by_budget,
+    next_fit_rows,
+    pack_rows,
+    pad_batch,
+    shard,
+    token_batches,
+)
 from trainer.data.chat import (
     OVERLONG,
     EncodedSample,
@@ -31,21 +43,23 @@ from trainer.data.mix import Mix
 from trainer.data.sources import (
     FORMATS,
     ON_ERROR,
+    chatterbot_categories,
     chatterbot_conversations,
     chatterbot_languages,
     chatterbot_turns,
     read_chatterbot,
     read_source,
 )
-from trainer.data.split import split_holdout
+from trainer.data.split import first_prompt_key, prompt_key, split_by_prompts, split_holdout
 from trainer.data.stats import DatasetStats
 
 __all__ = [
-    "Batcher", "Group", "PaddedBatcher", "group_by_budget", "pad_batch", "shard", "token_batches",
+    "Batcher", "Group", "PackedBatcher", "PaddedBatcher", "first_fit_rows", "group_by_budget", "next_fit_rows",
+    "pack_rows", "pad_batch", "shard", "token_batches",
     "OVERLONG", "EncodedSample", "MaskPolicy", "assistant_spans", "encode_conversation", "encode_conversations",
     "encode_full", "fit_length", "thinking_spans",
     "ROLES", "Conversation", "MalformedRecord", "UnknownRole", "parse_messages", "parse_sharegpt",
     "MixLoader", "Mix",
-    "FORMATS", "ON_ERROR", "chatterbot_conversations", "chatterbot_languages", "chatterbot_turns", "read_chatterbot",
-    "read_source", "split_holdout", "DatasetStats",
+    "FORMATS", "ON_ERROR", "chatterbot_categories", "chatterbot_conversations", "chatterbot_languages", "chatterbot_turns", "read_chatterbot",
+    "read_source", "first_prompt_key", "prompt_key", "split_by_prompts", "split_holdout", "DatasetStats",
 ]  # fmt: skip

@@ -4,11 +4,11 @@ The two steps are apart so that layouts plug in without touching the order, the 
 rank sharding or the resume position (all of which only see *groups*, tuples of sample
 indices):
 
-- ``PaddedBatcher`` (the layout today): one sample a row, right-padded; a group's padded
-  size ``rows x longest`` stays within ``max_tokens``.
-- A packing batcher adds ``plan`` (fill rows of ``max_len`` with several samples) and
-  ``collate`` (concatenate a row's samples and give the per-document boundaries that the
-  attention needs); nothing else changes.
+- ``PaddedBatcher``: one sample a row, right-padded; a group's padded size
+  ``rows x longest`` stays within ``max_tokens``.
+- ``PackedBatcher`` (``data.packing``): several whole samples a row, back to back, rows of
+  at most ``row_tokens`` (``data.max_len``), ``max_tokens // row_tokens`` rows a batch; the
+  batch's ``doc_ids`` keep the documents apart in the target and in the draft.
 """
 
 from __future__ import annotations
@@ -70,6 +70,77 @@ class PaddedBatcher:
         return f"padded(max_tokens={self.max_tokens}, sort_window={self.sort_window})"
 
 
+@dataclass(frozen=True)
+class PackedBatcher:
+    """Packed micro-batches: rows of several whole samples, up to ``row_tokens`` tokens a row,
+    ``max_tokens // row_tokens`` rows a batch (so ``B x T <= max_tokens``).
+
+    ``plan``: the samples of each window of ``sort_window`` are packed into rows first-fit
+    decreasing; the rows' samples, in row order, are cut into rows again by ``next_fit_rows``
+    (what ``collate`` does, so a group carries its rows implicitly; inside a window this gives
+    the same rows, since a sample never fits an earlier row's leftover room), the rows into
+    groups, and the group order is shuffled. ``collate``: ``next_fit_rows``, then ``pack_rows``.
+    """
+
+    max_tokens: int
+    row_tokens: int
+    pad_id: int
+    sort_window: int = 256
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.row_tokens <= self.max_tokens or self.sort_window < 1:
+            raise ValueError(f"need 1 <= row_tokens <= max_tokens and sort_window >= 1, got "
+                             f"{self.row_tokens}, {self.max_tokens}, {self.sort_window}")  # fmt: skip
+
+    @property
+    def rows(self) -> int:
+        return self.max_tokens // self.row_tokens
+
+    def plan(self, lengths: Sequence[int], rng: random.Random) -> list[Group]:
+        n, window = len(lengths), self.sort_window
+        if n and max(lengths) > self.row_tokens:
+            raise ValueError(f"a sample of {max(lengths)} tokens does not fit a packed row of {self.row_tokens} (data.max_len)")
+        windows = [range(w, min(n, w + window)) for w in range(0, n, window)]
+        order = [i for win in windows for row in first_fit_rows(win, lengths, self.row_tokens) for i in row]
+        rows = [[order[j] for j in row] for row in next_fit_rows([lengths[i] for i in order], self.row_tokens)]
+        groups = [tuple(i for row in rows[r : r + self.rows] for i in row) for r in range(0, len(rows), self.rows)]
+        rng.shuffle(groups)
+        return groups
+
+    def collate(self, samples: Sequence[EncodedSample]) -> TokenBatch:
+        rows = next_fit_rows([len(s.input_ids) for s in samples], self.row_tokens)
+        return pack_rows([[samples[j] for j in row] for row in rows], self.pad_id)
+
+    def describe(self) -> str:
+        return f"packed(max_tokens={self.max_tokens}, row_tokens={self.row_tokens}, sort_window={self.sort_window})"
+
+
+def first_fit_rows(items: Sequence[int], lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """``items`` (indices into ``lengths``) longest first, each into the first row with room."""
+    rows, room = [], []
+    for i in sorted(items, key=lengths.__getitem__, reverse=True):
+        r = next((r for r, free in enumerate(room) if lengths[i] <= free), len(rows))
+        if r == len(rows):
+            rows.append([])
+            room.append(capacity)
+        rows[r].append(i)
+        room[r] -= lengths[i]
+    return rows
+
+
+def next_fit_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Consecutive runs of indices whose lengths sum to at most ``capacity``: an item that does
+    not fit the current run starts the next."""
+    rows, used = [], capacity
+    for i, length in enumerate(lengths):
+        if not rows or used + length > capacity:
+            rows.append([])
+            used = 0
+        rows[-1].append(i)
+        used += length
+    return rows
+
+
 def group_by_budget(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     """Consecutive groups whose padded size len(group) * max(length) <= max_tokens; a single
     item longer than the budget forms its own group."""
@@ -95,6 +166,24 @@ def pad_batch(samples: Sequence[EncodedSample], pad_id: int) -> TokenBatch:
         loss_mask[row, : len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.bool)
     lengths = torch.tensor([len(s.input_ids) for s in samples], dtype=torch.long)
     return TokenBatch(input_ids=input_ids, loss_mask=loss_mask, lengths=lengths)
+
+
+def pack_rows(rows: Sequence[Sequence[EncodedSample]], pad_id: int) -> TokenBatch:
+    """Each row's samples back to back, right-padded to the longest row; ``doc_ids`` number a
+    row's samples 0, 1, ... (padding -1)."""
+    width = max(sum(len(s.input_ids) for s in row) for row in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # [B, T]
+    loss_mask = torch.zeros((len(rows), width), dtype=torch.bool)  # [B, T]
+    doc_ids = torch.full((len(rows), width), -1, dtype=torch.long)  # [B, T]
+    lengths = torch.zeros(len(rows), dtype=torch.long)  # [B]
+    for r, row in enumerate(rows):
+        for d, s in enumerate(row):
+            start, end = int(lengths[r]), int(lengths[r]) + len(s.input_ids)
+            input_ids[r, start:end] = torch.tensor(s.input_ids, dtype=torch.long)
+            loss_mask[r, start:end] = torch.tensor(s.loss_mask, dtype=torch.bool)
+            doc_ids[r, start:end] = d
+            lengths[r] = end
+    return TokenBatch(input_ids=input_ids, loss_mask=loss_mask, lengths=lengths, doc_ids=doc_ids)
 
 
 def check_rank(rank: int, world: int) -> None:
