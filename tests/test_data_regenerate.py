@@ -7,10 +7,8 @@ import json
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from models.embedded import embedded_target_dir
-from models.target import load_tokenizer
+from tests.tiny_generator import save_tiny_generator
 from trainer import regenerate as R
 from trainer.data import read_source
 
@@ -28,15 +26,7 @@ SETTINGS = R.GenerationSettings(max_new_tokens=6, batch_size=2)
 @pytest.fixture(scope="module")
 def tiny_target(tmp_path_factory):
     """A 2-layer random Llama over SmolLM2's vocabulary, saved as a transformers dir."""
-    path = tmp_path_factory.mktemp("tiny_target")
-    tokenizer = load_tokenizer(embedded_target_dir())
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=2)  # fmt: skip
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_tiny_generator(tmp_path_factory.mktemp("tiny_target"))
 
 
 @pytest.fixture(scope="module")

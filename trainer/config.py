@@ -57,9 +57,11 @@ class DataConfig:
     mix: Any = None  # {name: weight} over data.sources; None: every source once per epoch (docs/DATA.md)
     epoch_samples: Optional[int] = None  # samples per epoch of the mix; None: the sources' total
     holdout_fraction: float = 0.1
+    holdout_categories: Optional[list[str]] = None  # chatterbot categories held out of every source (replaces the hash split)
     max_len: int = 512
     overlong: str = "truncate"  # samples over max_len: truncate | drop
     max_tokens: int = 4096  # padded tokens per micro-batch (B x T)
+    packing: bool = False  # several samples a row (rows of max_len, max_tokens // max_len rows), kept apart by doc ids
     max_conversations: Optional[int] = None  # cap on each source's training conversations (smoke runs)
     max_eval_conversations: Optional[int] = None  # cap on each source's held-out conversations
     train_only_last_turn: bool = False  # mask only the last assistant turn
@@ -85,6 +87,10 @@ class DataConfig:
                 _require(ok, f"data.mix.{name}", f"weight must be a positive number, got {weight!r}")
         _require(self.epoch_samples is None or self.epoch_samples >= 1, "data.epoch_samples", "must be >= 1")
         _require(0 < self.holdout_fraction < 1, "data.holdout_fraction", "must be in (0, 1)")
+        if self.holdout_categories is not None:
+            _require(len(self.holdout_categories) > 0, "data.holdout_categories", "must name at least one category (null: split by hash)")
+            fractions = sorted(n for n, s in self.sources.items() if s.holdout_fraction is not None)
+            _require(not fractions, "data.holdout_categories", f"replaces the hash split; unset holdout_fraction of data.sources {fractions}")
         _require(self.max_len >= 8, "data.max_len", "must be >= 8")
         _require(self.overlong in ("truncate", "drop"), "data.overlong", f"{self.overlong!r} is not truncate or drop")
         _require(self.max_tokens >= self.max_len, "data.max_tokens", "must be >= data.max_len")
@@ -110,16 +116,41 @@ class ScheduleConfig:
 
 
 @dataclass
+class SGLangConfig:
+    """``engine.sglang``: the target in SGLang (docs/SGLANG.md; conf/engine/sglang.yaml)."""
+
+    tp_size: int = 1  # GPUs one copy of the target spans; consecutive local ranks form a group
+    mem_fraction_static: float = 0.5  # of the GPU memory free when the engine starts: weights + KV pool
+    attention_backend: Optional[str] = None  # one of SGLang's ATTENTION_BACKEND_CHOICES; None: SGLang picks
+    load_format: str = "auto"  # auto: the checkpoint's weights | dummy: random weights (benchmarks)
+    max_total_tokens: Optional[int] = None  # KV pool tokens; None: what mem_fraction_static leaves
+    dist_port: int = 29650  # 127.0.0.1 rendezvous port of TP group 0; group g uses dist_port + g
+
+    def __post_init__(self) -> None:
+        _require(self.tp_size >= 1, "engine.sglang.tp_size", "must be >= 1")
+        _require(0 < self.mem_fraction_static < 1, "engine.sglang.mem_fraction_static", "must be in (0, 1)")
+        _require(self.load_format in ("auto", "dummy"), "engine.sglang.load_format", f"{self.load_format!r} is not auto or dummy")
+        _require(self.max_total_tokens is None or self.max_total_tokens >= 1, "engine.sglang.max_total_tokens", "must be >= 1")
+        _require(1024 <= self.dist_port <= 65535, "engine.sglang.dist_port", "must be a port in [1024, 65535]")
+
+
+@dataclass
 class EngineConfig:
-    name: str = "hf"
+    name: str = "hf"  # hf: transformers | sglang: SGLang (engine.sglang; colocated mode only)
     mode: str = "inprocess"  # inprocess: target in the trainer's process | colocated: an engine process per device (docs/STREAM.md)
     slots: int = 3  # colocated: feature ring slots; the engine runs up to slots - 1 batches ahead
     slot_tokens: Optional[int] = None  # colocated: tokens (B x T) a slot holds; conf/engine sets ${data.max_tokens}
     start_timeout_s: float = 900.0  # colocated: time the engine process may take to build its target
+    sglang: Optional[SGLangConfig] = None  # engine=sglang's settings (conf/engine/sglang.yaml)
 
     def __post_init__(self) -> None:
-        _require(self.name == "hf", "engine.name", f"unknown engine {self.name!r} (known: hf)")
+        _require(self.name in ("hf", "sglang"), "engine.name", f"unknown engine {self.name!r} (known: hf, sglang)")
         _require(self.mode in ("inprocess", "colocated"), "engine.mode", f"unknown mode {self.mode!r} (known: inprocess, colocated)")
+        if self.name == "sglang":
+            _require(self.sglang is not None, "engine.sglang", "engine sglang needs its settings: select engine=sglang (conf/engine/sglang.yaml)")
+            _require(self.mode == "colocated", "engine.mode", "engine sglang runs in its own engine process: mode must be colocated")
+        else:
+            _require(self.sglang is None, "engine.sglang", f"applies to engine sglang only (engine.name is {self.name})")
         _require(self.slots >= 2, "engine.slots", "must be >= 2 (one slot the trainer reads, one the engine fills)")
         _require(self.slot_tokens is None or self.slot_tokens >= 1, "engine.slot_tokens", "must be >= 1")
         _require(self.start_timeout_s > 0, "engine.start_timeout_s", "must be positive")
@@ -153,6 +184,7 @@ class WandbConfig:
 class TrainConfig:
     epochs: int = 1
     max_steps: Optional[int] = None  # optimizer steps; caps the run (smoke tests, step-capped recipes)
+    max_time_s: Optional[float] = None  # this process's training seconds (stream + draft steps, evaluations excluded); caps the run
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
     log_every: int = 10
@@ -165,6 +197,7 @@ class TrainConfig:
     resume_allow: list[str] = field(default_factory=list)  # deliberate changes on resume: data, schedule
     on_nan: str = "stop"  # non-finite loss or gradient: stop (keep the last checkpoint) | skip the batch
     eval_prompts: int = 16  # held-out prompts decoded speculatively at each export (real acceptance length)
+    eval_prompts_file: Optional[str] = None  # a prompt jsonl (serving/prompts.py) instead of the held-out conversations
     spec_tokens: int = 5  # draft tokens a speculative step proposes (chain), at evaluation and in the exports
     eval_max_new_tokens: int = 64  # tokens generated per held-out prompt at evaluation
 
@@ -179,6 +212,7 @@ class TrainConfig:
         bad = sorted(set(self.resume_allow) - {"data", "schedule"})
         _require(not bad, "trainer.resume_allow", f"{bad} cannot change on resume (allowed: data, schedule)")
         _require(self.max_steps is None or self.max_steps >= 1, "trainer.max_steps", "must be >= 1")
+        _require(self.max_time_s is None or self.max_time_s > 0, "trainer.max_time_s", "must be positive")
         _require(self.device in ("auto", "cpu", "cuda"), "trainer.device", f"{self.device!r} is not auto, cpu or cuda")
         _require(self.log_every >= 1, "trainer.log_every", "must be >= 1")
 

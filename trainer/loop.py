@@ -20,13 +20,12 @@ from trainer.batch import FeatureBatch, TokenBatch
 from trainer.config import Config
 from trainer.data import EncodedSample, token_batches
 from serving.pipeline import export_verify_eval
-from serving.prompts import prompts_from_conversations
+from serving.prompts import PromptSpec, prompts_from_conversations, read_prompt_file
 from trainer.dist import Parallel, init_parallel, resolve_device
 from trainer.report import REPORT_DIR, REPORT_FILE, format_summary, write_report
 from trainer.schedule import lr_factor
-from trainer.sources import TargetBundle, load_target, padded_batcher, prepare_data
+from trainer.sources import PreparedData, TargetBundle, load_target, prepare_data, target_recipe, train_batcher
 from trainer.stream import TargetSource, open_feature_stream
-from trainer.target_factory import PathTarget
 from trainer.ttt import TTTObjective, TTTOutput, simulated_accept_length, target_labels
 
 
@@ -106,11 +105,11 @@ class Trainer:
         self.dtype = _dtype(cfg.target.dtype, self.par.device)
         self.target: TargetBundle = load_target(cfg.target, self.par.device, self.dtype)
         ids = tuple(self.target.engine.info.aux_layer_ids)
-        self.target_source = TargetSource(PathTarget(cfg.target.path, ids, self.dtype), engine=self.target.engine)
+        self.target_source = TargetSource(target_recipe(cfg, ids, self.dtype, self.par), engine=self.target.engine)
         self.data = prepare_data(cfg.data, self.target.tokenizer, cfg.trainer.seed)
-        self.loader = self.data.train_loader(padded_batcher(cfg.data, self.target.pad_id), self.par.rank, self.par.world)
+        self.loader = self.data.train_loader(train_batcher(cfg.data, self.target.pad_id), self.par.rank, self.par.world)
         self.eval_samples = self.data.eval_samples()
-        self.prompts = prompts_from_conversations(self.data.heldout_conversations(), limit=cfg.trainer.eval_prompts)
+        self.prompts, self.prompt_origin = eval_prompt_set(cfg, self.data)
         self.ckpt_root = self.run_dir / "checkpoints"
         resume_from = self._resume_path()
         built = self._vocab_map(self.loader.epoch_samples(0))  # an epoch of the mix: counts follow its weights
@@ -121,6 +120,7 @@ class Trainer:
         self.engine = self._deepspeed_engine()
         self.step, self.pos, self.nonfinite, self.resumed_from = 0, ckpt.Position(0, 0, 0), 0, resume_from
         self.stop_signal: str | None = None
+        self.out_of_time, self.train_s, self.tokens_local = False, 0.0, 0  # this process's training seconds and tokens (this rank)
         if resume_from:
             self._resume(resume_from, built)
 
@@ -212,7 +212,7 @@ class Trainer:
     def _forward(self, fb: FeatureBatch) -> TTTOutput:
         labels = target_labels(fb.final, self.target.engine.lm_head_weight, self.draft_to_target, self.t2d)
         t = fb.tokens
-        return self.engine(t.input_ids, t.loss_mask, t.lengths, fb.aux, labels, self.draft_to_target)
+        return self.engine(t.input_ids, t.loss_mask, t.lengths, fb.aux, labels, self.draft_to_target, t.doc_ids)
 
     def _all_agree(self, ok: bool) -> bool:
         flag = torch.tensor([1.0 if ok else 0.0], device=self.par.device)
@@ -275,6 +275,7 @@ class Trainer:
         torch.distributed.all_reduce(packed)
         wall, n = time.perf_counter() - w.start, max(1, w.steps)
         row = w.stats.all_reduce(self.par.device).report("train") if w.stats is not None else {}
+        row.update(self._progress())
         row.update({
             M.LR: self.engine.get_lr()[0], M.TOKENS_PER_S: packed.item() / wall, M.STEP_TIME: wall / n,
             M.TARGET_TIME: w.target_s / n, M.DRAFT_TIME: w.draft_s / n, M.NONFINITE: float(self.nonfinite),
@@ -286,6 +287,12 @@ class Trainer:
         if self.par.device.type == "cuda":
             row[M.GPU_MEM] = torch.cuda.max_memory_allocated(self.par.device) / 2**30
         return row
+
+    def _progress(self) -> dict[str, float]:
+        """Tokens trained on so far (all ranks) and this process's training seconds (every rank calls)."""
+        packed = torch.tensor([float(self.tokens_local)], device=self.par.device)
+        torch.distributed.all_reduce(packed)
+        return {M.TOKENS_SEEN: packed.item(), M.TRAIN_TIME: self.train_s}
 
     def _sync(self) -> None:
         if self.par.device.type == "cuda":
@@ -308,9 +315,11 @@ class Trainer:
             w = Window()
         every = self.cfg.trainer
         if every.export_every and self.step % every.export_every == 0:
-            served = self.serve_eval()
+            served, progress = self.serve_eval(), self._progress()
             if sink is not None:
-                sink.log(_metrics_only(served), step=self.step)
+                sink.log(_metrics_only(served) | progress, step=self.step)
+        if every.max_time_s is not None:
+            self.out_of_time = not self._all_agree(self.train_s < every.max_time_s)
         stop = not self._all_agree(self.stop_signal is None)
         if (every.checkpoint_every and self.step % every.checkpoint_every == 0) or stop:
             self.save()
@@ -319,7 +328,7 @@ class Trainer:
         return w
 
     def _epoch(self, epoch: int, sink, bar) -> bool:
-        """Train on the rest of ``epoch``; False when the step cap ended the run inside it."""
+        """Train on the rest of ``epoch``; False when a cap (steps, time) ended the run inside it."""
         start = self.pos.micro if self.pos.epoch == epoch else 0
         batches = self.loader.epoch_batches(epoch)  # from the restored position when resuming into this epoch
         with open_feature_stream(self.cfg.engine, self.target_source, batches, self.par.device) as stream:
@@ -327,7 +336,7 @@ class Trainer:
 
     def _consume(self, stream, epoch: int, consumed: int, sink, bar) -> bool:
         accum, w, accumulated = self.cfg.deepspeed.grad_accum, Window(), 0
-        while self.step < self.total_steps:
+        while self.step < self.total_steps and not self.out_of_time:
             t0 = time.perf_counter()
             fb = next(stream, None)
             if fb is None:
@@ -336,9 +345,11 @@ class Trainer:
             t1 = time.perf_counter()
             out = self.train_step(fb)
             self._sync()
-            consumed += 1
+            consumed, self.train_s = consumed + 1, self.train_s + time.perf_counter() - t0
             if out is not None:
-                w.add(StepStats.of(out), int(fb.tokens.lengths.sum()), t1 - t0, time.perf_counter() - t1)
+                tokens = int(fb.tokens.lengths.sum())
+                self.tokens_local += tokens
+                w.add(StepStats.of(out), tokens, t1 - t0, time.perf_counter() - t1)
                 accumulated += 1
             if out is not None and accumulated % accum == 0:
                 w = self._after_step(epoch, consumed, w, sink, bar)
@@ -371,11 +382,15 @@ class Trainer:
             trained = self.evaluate()
         finally:
             self.target_source.close()
-        served = self.serve_eval()
+        served, progress = self.serve_eval(), self._progress()
         trained |= _metrics_only(served)
         summary = {
             "steps": self.step,
+            "stopped_by": self._stopped_by(),
             "wall_time_s": time.perf_counter() - start,
+            "train_time_s": self.train_s,
+            "tokens_seen": int(progress[M.TOKENS_SEEN]),
+            "eval_prompts": self.prompt_origin,
             "resumed_from": str(self.resumed_from) if self.resumed_from else None,
             "untrained_eval_sim_accept_len": untrained[M.EVAL_SIM_ACCEPT] if untrained else None,
             "eval_sim_accept_len": trained[M.EVAL_SIM_ACCEPT],
@@ -388,9 +403,33 @@ class Trainer:
             "data": self.data.report(),
         }
         if sink is not None:
-            sink.log(trained, step=self.step)
+            sink.log(trained | progress, step=self.step)
             sink.finish(summary)
         return summary
+
+    def _stopped_by(self) -> str:
+        if self.out_of_time:
+            return "trainer.max_time_s"
+        capped = self.cfg.trainer.max_steps is not None and self.step >= self.cfg.trainer.max_steps
+        return "trainer.max_steps" if capped else "trainer.epochs"
+
+
+def eval_prompt_set(cfg: Config, data: PreparedData) -> tuple[list[PromptSpec], dict]:
+    """The serving-eval prompts and where they come from (the run summary's ``eval_prompts``):
+    ``trainer.eval_prompts_file``, or the first ``trainer.eval_prompts`` held-out conversations
+    of the sources in mix order, with the held-out rule and how many each source gave."""
+    n = cfg.trainer.eval_prompts
+    if cfg.trainer.eval_prompts_file is not None:
+        prompts = read_prompt_file(cfg.trainer.eval_prompts_file, limit=n)
+        origin: dict = {"kind": "file", "path": cfg.trainer.eval_prompts_file}
+    else:
+        prompts, taken = [], {}
+        for name in data.mix.names:
+            if len(prompts) < n:
+                got = prompts_from_conversations(data.eval_conversations[name], limit=n - len(prompts))
+                prompts, taken[name] = prompts + got, len(got)
+        origin = {"kind": "heldout", "split": data.heldout_rule, "sources": taken}
+    return prompts, origin | {"prompts": len(prompts), "turns": sum(p.turns for p in prompts)}
 
 
 def _metrics_only(served: dict) -> dict[str, float]:
@@ -410,8 +449,8 @@ def _draft_checksum(trainer: Trainer) -> float:
 
 def _shard_overlap(trainer: Trainer) -> int:
     """Samples (by token content) that more than one rank trains on in epoch 0; 0 when disjoint."""
-    loader = trainer.data.train_loader(padded_batcher(trainer.cfg.data, trainer.target.pad_id), trainer.par.rank, trainer.par.world)
-    mine = {hash(tuple(row[:n].tolist())) for b in loader.epoch_batches(0) for row, n in zip(b.input_ids, b.lengths)}
+    loader = trainer.data.train_loader(train_batcher(trainer.cfg.data, trainer.target.pad_id), trainer.par.rank, trainer.par.world)
+    mine = {hash(tuple(doc.tolist())) for b in loader.epoch_batches(0) for doc in b.documents()}
     every = [None] * trainer.par.world
     torch.distributed.all_gather_object(every, mine)
     return sum(len(a & b) for i, a in enumerate(every) for b in every[i + 1 :])

@@ -21,6 +21,8 @@ DRAFT_TIME = "perf/draft_time_s"
 EVAL_LOSS = "eval/loss"
 EVAL_SIM_ACCEPT = "eval/sim_accept_len"
 NONFINITE = "train/nonfinite_skipped"  # non-finite losses / gradients so far (trainer.on_nan)
+TOKENS_SEEN = "train/tokens_seen"  # tokens (all ranks) the draft has trained on so far in this process
+TRAIN_TIME = "perf/train_time_s"  # this process's training seconds so far: stream + draft steps, evaluations excluded
 EPOCH = "epoch"
 
 # real speculative decoding against the target with the exported draft loaded back from disk

@@ -9,6 +9,11 @@ regenerated), in batches with left padding. Turns after the last assistant turn 
 
     {"id": "...", "messages": [...], "generation": {"finish": ["stop", "length"], ...}}
 
+A prompt file (``--prompts``, the ``serving/prompts.py`` format that ``python -m
+trainer.synthesize`` writes: ``prompt`` / ``messages`` / ``turns``) is read as conversations
+with an assistant turn after each user turn; its records' other keys (``synthetic``: category,
+persona, ...) are copied into the output records.
+
 ``finish`` says, per assistant turn, whether the target ended it (``stop``) or
 ``--max-new-tokens`` did (``length``). Each line is written and flushed when its batch is
 done; a restarted run skips the ids already in the output (a torn last line from a crash is
@@ -19,6 +24,7 @@ duplicates anyway); sampling is seeded per batch, so a resumed sampled run is no
 bit-identical to an uninterrupted one.
 
     python -m trainer.regenerate --output outputs/regenerated/chatterbot_english.jsonl
+    python -m trainer.regenerate --prompts outputs/synthetic/prompts.jsonl --output outputs/synthetic/answered.jsonl
     python -m trainer.regenerate --format sharegpt --path sg.json --target /models/Llama-3.1-8B-Instruct \\
         --output sg_regen.jsonl --batch-size 64 --max-new-tokens 1024 --device cuda
 """
@@ -41,6 +47,7 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from trainer.data.conversation import Conversation  # noqa: E402
+from trainer.data.files import json_lines  # noqa: E402
 from trainer.data.sources import FORMATS, read_source  # noqa: E402
 
 
@@ -130,6 +137,38 @@ def load_generator(path: str | Path, device: torch.device, dtype: torch.dtype):
     return model.to(device).eval(), tokenizer
 
 
+def open_generator(target: str | Path | None, device: str, dtype: str) -> tuple[object, object, Path]:
+    """(model, tokenizer, path) of ``target`` (None: the embedded default) on ``device``
+    (auto | cpu | cuda[:N]) in ``dtype`` (auto: bfloat16 on GPU, float32 on CPU)."""
+    dev = _device(device)
+    dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
+    dt = dt or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    if target is None:
+        from models.embedded import embedded_target_dir
+
+        target = embedded_target_dir()
+    model, tokenizer = load_generator(target, dev, dt)
+    return model, tokenizer, Path(target)
+
+
+def prompt_conversations(path: Path) -> tuple[list[Conversation], list[dict]]:
+    """A prompt file's prompts as conversations with an empty assistant turn (to generate) after
+    each user turn, and each record's keys other than the prompt and its id."""
+    from serving.prompts import parse_prompt
+
+    convs, extras = [], []
+    for record in json_lines(path):
+        if record.error is not None:
+            raise ValueError(f"{record.where}: {record.error}")
+        spec = parse_prompt(record.value, record.where)
+        conv = [*spec.context, {"role": "assistant", "content": ""}]
+        for follow_up in spec.follow_ups:
+            conv += [{"role": "user", "content": follow_up}, {"role": "assistant", "content": ""}]
+        convs.append(conv)
+        extras.append({k: v for k, v in record.value.items() if k not in ("id", "prompt", "messages", "turns")})
+    return convs, extras
+
+
 def _stop_ids(model, tokenizer) -> list[int]:
     ids = model.generation_config.eos_token_id
     ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
@@ -184,9 +223,11 @@ def regenerate_batch(
 
 
 def regenerate(
-    convs: Sequence[Conversation], model, tokenizer, output: Path, settings: GenerationSettings, meta: dict, progress: bool = True
+    convs: Sequence[Conversation], model, tokenizer, output: Path, settings: GenerationSettings, meta: dict, progress: bool = True,
+    extras: Sequence[dict] | None = None,
 ) -> RegenReport:
-    """Regenerate ``convs`` into ``output`` (appending; ids already there are skipped)."""
+    """Regenerate ``convs`` into ``output`` (appending; ids already there are skipped);
+    ``extras[k]`` (keys other than id / messages / generation) go into conversation k's record."""  # fmt: skip
     start = time.perf_counter()
     output.parent.mkdir(parents=True, exist_ok=True)
     done = done_ids(output)
@@ -209,7 +250,7 @@ def regenerate(
             torch.manual_seed(settings.seed + b)
             results = regenerate_batch(model, tokenizer, [convs[k] for k in chunk], settings, stop_ids, report)
             for k, (messages, finish) in zip(chunk, results):
-                record = {"id": ids[k], "messages": messages, "generation": meta | {"finish": finish}}
+                record = (extras[k] if extras else {}) | {"id": ids[k], "messages": messages, "generation": meta | {"finish": finish}}
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
             f.flush()
             os.fsync(f.fileno())
@@ -229,6 +270,7 @@ def _device(name: str) -> torch.device:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m trainer.regenerate", description=__doc__.split("\n\n")[0])
     p.add_argument("--output", required=True, type=Path, help="OpenAI-messages jsonl to write (appended to; done ids skipped)")
+    p.add_argument("--prompts", type=Path, default=None, help="a prompt file (prompt / messages / turns records) instead of a source")
     p.add_argument("--format", default="chatterbot", choices=FORMATS, help="source format (default: chatterbot)")
     p.add_argument("--path", default=None, help="source file or directory (every format but chatterbot)")
     p.add_argument("--languages", nargs="+", default=["english"], help="chatterbot languages")
@@ -251,22 +293,20 @@ def main(argv: Sequence[str] | None = None) -> RegenReport:
     settings = GenerationSettings(args.max_new_tokens, args.temperature, args.top_p, args.batch_size, args.seed)
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
-    convs, stats = read_source(args.format, args.path, languages=args.languages, split=args.split, on_error=args.on_error, name=f"source {args.format}")
-    convs = convs[: args.limit]
-    device = _device(args.device)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(args.dtype)
-    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    if args.target is None:
-        from models.embedded import embedded_target_dir
-
-        target = embedded_target_dir()
+    if args.prompts is not None:
+        if args.path is not None:
+            raise ValueError("--prompts and --path name two inputs; give one")
+        convs, extras = prompt_conversations(args.prompts)
+        described = f"prompt file {args.prompts}: {len(convs)} prompts"
     else:
-        target = Path(args.target)
-    model, tokenizer = load_generator(target, device, dtype)
+        convs, stats = read_source(args.format, args.path, languages=args.languages, split=args.split, on_error=args.on_error, name=f"source {args.format}")
+        skipped = {k: v for k, v in stats.as_dict().items() if v and k in ("malformed", "no_assistant", "duplicates")}
+        extras, described = None, f"source {args.format}: {stats.conversations} conversations (skipped: {skipped or 'none'})"
+    convs, extras = convs[: args.limit], extras and extras[: args.limit]
+    model, tokenizer, target = open_generator(args.target, args.device, args.dtype)
     meta = {"target": str(target), **{k: v for k, v in asdict(settings).items() if k != "batch_size"}}
-    skipped = {k: v for k, v in stats.as_dict().items() if v and k in ("malformed", "no_assistant", "duplicates")}
-    print(f"source {args.format}: {stats.conversations} conversations (skipped: {skipped or 'none'}); regenerating {len(convs)} with {target}")
-    report = regenerate(convs, model, tokenizer, args.output, settings, meta)
+    print(f"{described}; regenerating {len(convs)} with {target}")
+    report = regenerate(convs, model, tokenizer, args.output, settings, meta, extras=extras)
     print(report.line())
     return report
 

@@ -62,12 +62,22 @@ def key_figures(summary: dict) -> list[tuple[str, str]]:
         ("wall time", None if summary.get("wall_time_s") is None else f"{summary['wall_time_s']:.1f} s"),
         ("held-out sim. accept length", _accept(summary)),
         ("real accept length τ (bonus incl.)", evals.get(M.EVAL_ACCEPT_LEN)),
+        ("serving-eval prompts", None if summary.get("eval_prompts") is None else describe_eval_prompts(summary["eval_prompts"])),
         ("export verify problems", None if evals.get(M.EVAL_VERIFY_PROBLEMS) is None else int(evals[M.EVAL_VERIFY_PROBLEMS])),
         ("held-out acc_0", evals.get(M.step_acc(0, "eval"))),
         ("non-finite steps skipped", summary.get("nonfinite_skipped")),
         ("resumed from", summary.get("resumed_from")),
     ]
     return [(k, fmt(v)) for k, v in rows if v is not None]
+
+
+def describe_eval_prompts(origin: dict) -> str:
+    """Where the serving-eval prompts came from (``summary["eval_prompts"]``), in one line."""
+    count = f"{origin['prompts']} prompts, {origin['turns']} turns"
+    if origin["kind"] == "file":
+        return f"{count} from prompt file {origin['path']}"
+    sources = ", ".join(f"{name} {n}" for name, n in origin["sources"].items() if n)
+    return f"{count}, held out of the training data ({sources or 'none'}); split: {origin['split']}"
 
 
 def paths(summary: dict) -> list[tuple[str, str]]:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
 from models.embedded import embedded_target_dir
 from models.target import HFTargetEngine, load_tokenizer
-from trainer.config import DataConfig, DataSourceConfig, TargetConfig
+from serving.sglang_preflight import check_target
+from trainer.config import Config, DataConfig, DataSourceConfig, EngineConfig, TargetConfig
 from trainer.data import (
     Batcher,
     Conversation,
@@ -17,11 +20,17 @@ from trainer.data import (
     MaskPolicy,
     Mix,
     MixLoader,
+    PackedBatcher,
     PaddedBatcher,
     encode_conversations,
+    first_prompt_key,
+    read_chatterbot,
     read_source,
+    split_by_prompts,
     split_holdout,
 )
+from trainer.dist import Parallel
+from trainer.target_factory import PathTarget, SGLangTarget, TargetFactory
 
 
 @dataclass
@@ -41,6 +50,40 @@ def load_target(cfg: TargetConfig, device: torch.device, dtype: torch.dtype) -> 
     return TargetBundle(engine=engine, tokenizer=tokenizer, pad_id=pad_id)
 
 
+def sglang_recipe(target: TargetConfig, engine: EngineConfig, ids: Sequence[int], dtype: torch.dtype, local_rank: int) -> SGLangTarget:
+    """engine=sglang's recipe for the engine process of ``local_rank``: rank ``local_rank % tp_size``
+    of TP group ``local_rank // tp_size``, which meets on port ``dist_port + group``."""
+    s = engine.sglang
+    if target.path is None:
+        raise ValueError("config target.path: engine=sglang needs a local model dir (the embedded default is a GGUF file for transformers)")
+    group, rank = divmod(local_rank, s.tp_size)
+    return SGLangTarget(
+        path=str(target.path), aux_layer_ids=tuple(ids), dtype=dtype, tp_size=s.tp_size, tp_rank=rank, dist_port=s.dist_port + group,
+        mem_fraction_static=s.mem_fraction_static, attention_backend=s.attention_backend, load_format=s.load_format,
+        max_total_tokens=s.max_total_tokens,
+    )  # fmt: skip
+
+
+def local_world_size(par: Parallel) -> int:
+    """Trainer ranks on this node: $LOCAL_SIZE (deepspeed launcher), $LOCAL_WORLD_SIZE (torchrun), else all of them."""
+    return int(os.environ.get("LOCAL_SIZE") or os.environ.get("LOCAL_WORLD_SIZE") or par.world)
+
+
+def target_recipe(cfg: Config, ids: Sequence[int], dtype: torch.dtype, par: Parallel) -> TargetFactory:
+    """The recipe an engine process builds the target from, per ``engine.name``. For sglang the
+    preflight runs here, before any weight is loaded or any step is taken (serving/sglang_preflight.py)."""
+    if cfg.engine.name == "hf":
+        return PathTarget(cfg.target.path, tuple(ids), dtype)
+    if par.device.type != "cuda":
+        raise ValueError(f"config engine.name: sglang runs the target on CUDA GPUs; this trainer runs on {par.device}")
+    tp, local = cfg.engine.sglang.tp_size, local_world_size(par)
+    if local % tp:
+        raise ValueError(f"config engine.sglang.tp_size: {tp} does not divide the {local} trainer ranks of a node (each runs one TP rank)")
+    recipe = sglang_recipe(cfg.target, cfg.engine, ids, dtype, par.local_rank)
+    check_target(recipe.path, ids, recipe.attention_backend)
+    return recipe
+
+
 @dataclass
 class PreparedData:
     """Encoded samples per source, the mix over them, and the counters to report."""
@@ -50,6 +93,7 @@ class PreparedData:
     eval_conversations: dict[str, list[Conversation]]  # per source: the held-out conversations (serving eval prompts)
     stats: dict[str, DatasetStats]  # per source: reading + encoding counters of its training side
     mix: Mix
+    heldout_rule: str  # how the held-out side was chosen, for reports (``Holdout.describe``)
 
     @property
     def total_stats(self) -> DatasetStats:
@@ -61,10 +105,6 @@ class PreparedData:
         ``sources`` (source -> its own counters)."""
         shares = {n: k / self.mix.epoch_samples for n, k in zip(self.mix.names, self.mix.quotas)}
         return self.total_stats.as_dict() | {"mix": shares, "sources": {n: s.as_dict() for n, s in self.stats.items()}}
-
-    def heldout_conversations(self) -> list[Conversation]:
-        """Every source's held-out conversations, sources in mix order."""
-        return [c for name in self.mix.names for c in self.eval_conversations[name]]
 
     def eval_samples(self) -> list[EncodedSample]:
         """Every source's held-out samples, sources in mix order (not weighted)."""
@@ -78,12 +118,51 @@ def mask_policy(cfg: DataConfig) -> MaskPolicy:
     return MaskPolicy(last_turn_only=cfg.train_only_last_turn, train_thinking=cfg.train_thinking, think_tags=tuple(cfg.think_tags))
 
 
-def padded_batcher(cfg: DataConfig, pad_id: int) -> PaddedBatcher:
+def train_batcher(cfg: DataConfig, pad_id: int) -> Batcher:
+    """The training batcher: packed rows of ``data.max_len`` with ``data.packing``, else padded rows."""
+    if cfg.packing:
+        return PackedBatcher(max_tokens=cfg.max_tokens, row_tokens=cfg.max_len, pad_id=pad_id)
     return PaddedBatcher(max_tokens=cfg.max_tokens, pad_id=pad_id)
 
 
 def _read(name: str, src: DataSourceConfig, on_error: str):
     return read_source(src.format, src.path, languages=tuple(src.languages), split=src.split, on_error=on_error, name=f"data.sources.{name}")
+
+
+@dataclass(frozen=True)
+class Holdout:
+    """The held-out rule of a config: the first prompts of ``data.holdout_categories`` (held out
+    of every source), or else a seeded hash of the first prompt at each source's fraction."""
+
+    cfg: DataConfig
+    seed: int
+    keys: frozenset[str] | None  # first-prompt keys of the held-out categories; None: hash split
+
+    @classmethod
+    def of(cls, cfg: DataConfig, seed: int) -> "Holdout":
+        if cfg.holdout_categories is None:
+            return cls(cfg, seed, None)
+        held, _ = read_chatterbot(chatterbot_languages_of(cfg), cfg.holdout_categories)
+        return cls(cfg, seed, frozenset(first_prompt_key(c) for c in held))
+
+    def split(self, name: str, convs: list[Conversation]) -> tuple[list[Conversation], list[Conversation]]:
+        if self.keys is not None:
+            return split_by_prompts(convs, self.keys)
+        src = self.cfg.sources[name]
+        return split_holdout(convs, src.holdout_fraction if src.holdout_fraction is not None else self.cfg.holdout_fraction, self.seed)
+
+    def describe(self) -> str:
+        if self.keys is not None:
+            return (f"chatterbot categories {', '.join(self.cfg.holdout_categories)} ({', '.join(chatterbot_languages_of(self.cfg))}; "
+                    f"{len(self.keys)} first prompts, held out of every source, never trained on)")  # fmt: skip
+        fractions = {n: s.holdout_fraction for n, s in self.cfg.sources.items() if s.holdout_fraction is not None}
+        return f"first-prompt hash, fraction {self.cfg.holdout_fraction}{f' {fractions}' if fractions else ''}, seed {self.seed}"
+
+
+def chatterbot_languages_of(cfg: DataConfig) -> list[str]:
+    """The languages of the config's chatterbot sources (english when it has none)."""
+    langs = [lang for s in cfg.sources.values() if s.format == "chatterbot" for lang in s.languages]
+    return list(dict.fromkeys(langs)) or ["english"]
 
 
 def prepare_data(cfg: DataConfig, tokenizer, seed: int) -> PreparedData:
@@ -92,13 +171,12 @@ def prepare_data(cfg: DataConfig, tokenizer, seed: int) -> PreparedData:
     if not cfg.sources:
         raise ValueError("config data.sources: no source; select a data group (data=chatterbot, data=sharegpt, ...)")
     names = list(cfg.mix) if cfg.mix is not None else list(cfg.sources)
-    policy = mask_policy(cfg)
+    policy, holdout = mask_policy(cfg), Holdout.of(cfg, seed)
     train, held, held_convs_by_source, stats = {}, {}, {}, {}
     for name in names:
         src = cfg.sources[name]
         convs, read_stats = _read(name, src, cfg.on_error)
-        fraction = src.holdout_fraction if src.holdout_fraction is not None else cfg.holdout_fraction
-        train_convs, held_convs = split_holdout(convs, fraction, seed)
+        train_convs, held_convs = holdout.split(name, convs)
         train_convs, held_convs = train_convs[: cfg.max_conversations], held_convs[: cfg.max_eval_conversations]
         train[name], stats[name] = encode_conversations(tokenizer, train_convs, cfg.max_len, read_stats, overlong=cfg.overlong, policy=policy)
         held[name], _ = encode_conversations(tokenizer, held_convs, cfg.max_len, overlong=cfg.overlong, policy=policy)
@@ -107,5 +185,5 @@ def prepare_data(cfg: DataConfig, tokenizer, seed: int) -> PreparedData:
             raise ValueError(f"data.sources.{name}: no training samples left ({stats[name].as_dict()})")
     weights = dict(cfg.mix) if cfg.mix is not None else None
     mix = Mix({n: len(train[n]) for n in names}, weights, seed, cfg.epoch_samples)
-    return PreparedData(train=train, eval=held, eval_conversations=held_convs_by_source, stats=stats, mix=mix)
+    return PreparedData(train=train, eval=held, eval_conversations=held_convs_by_source, stats=stats, mix=mix, heldout_rule=holdout.describe())
 

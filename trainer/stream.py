@@ -138,7 +138,7 @@ class ColocatedStream:
         self.stats.batches += 1
         self.stats.tokens += msg.b * msg.t
         self.stats.message_latency_s += received_at - msg.sent_at
-        return slot.view(msg.b, msg.t)
+        return slot.view(msg.b, msg.t, msg.packed)
 
     def _top_up(self) -> None:
         while not self._exhausted and self._submitted - self._received < self._lookahead:
@@ -226,7 +226,17 @@ class TargetSource:
                 )
             return process
         self._process = EngineProcess(self.factory, device, cfg.slots, cfg.slot_tokens, cfg.start_timeout_s)
+        if self._engine is not None:
+            self._check_same_target(self._engine.info, self._process.info)
         return self._process
+
+    def _check_same_target(self, mine, engine) -> None:
+        """The engine process must capture what the trainer (and the export) assume: same aux ids, layers, width."""
+        fields = ("aux_layer_ids", "num_layers", "hidden_size")
+        differ = [f"{f}: trainer {getattr(mine, f)!r}, engine {getattr(engine, f)!r}" for f in fields if getattr(mine, f) != getattr(engine, f)]
+        if differ:
+            self.close()
+            raise ValueError("the engine process built a different target than the trainer's: " + "; ".join(differ))
 
     @property
     def process(self) -> EngineProcess | None:

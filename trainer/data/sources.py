@@ -159,22 +159,43 @@ def chatterbot_turns(turns: object) -> Conversation | None:
     return [{"role": ("user", "assistant")[i % 2], "content": t} for i, t in enumerate(turns)]
 
 
-def read_chatterbot(languages: str | Iterable[str] = ("english",)) -> tuple[list[Conversation], DatasetStats]:
-    """The chatterbot dialogues of ``languages`` plus the source counters.
+def _chatterbot_language_list(languages: str | Iterable[str]) -> list[str]:
+    languages = [languages] if isinstance(languages, str) else list(languages)
+    available = chatterbot_languages()
+    unknown = [lang for lang in languages if lang not in available]
+    if not languages or unknown:
+        raise ValueError(f"unknown chatterbot language(s) {unknown or languages}; available: {', '.join(available)}")
+    return languages
+
+
+def chatterbot_categories(languages: str | Iterable[str] = ("english",)) -> list[str]:
+    """The category names of ``languages``: the corpus's file names without ``.yml`` (``ai``,
+    ``botprofile``, ``food``, ...), sorted."""
+    return sorted({p.stem for lang in _chatterbot_language_list(languages) for p in (_chatterbot_data_dir() / lang).glob("*.yml")})
+
+
+def read_chatterbot(
+    languages: str | Iterable[str] = ("english",), categories: Iterable[str] | None = None
+) -> tuple[list[Conversation], DatasetStats]:
+    """The chatterbot dialogues of ``languages`` (only the files of ``categories``, when given)
+    plus the source counters.
 
     YAML is read with ``yaml.BaseLoader``, so every turn is the text exactly as written in the
     file: an unquoted ``yes`` stays "yes" and ``007`` stays "007". Order: languages as given,
     files sorted, entries in file order. The corpus is pinned, so its one non-dialogue entry is
     always skipped and counted as malformed, whatever ``on_error`` says.
     """
-    languages = [languages] if isinstance(languages, str) else list(languages)
-    available = chatterbot_languages()
-    unknown = [lang for lang in languages if lang not in available]
-    if not languages or unknown:
-        raise ValueError(f"unknown chatterbot language(s) {unknown or languages}; available: {', '.join(available)}")
+    languages = _chatterbot_language_list(languages)
+    wanted = None if categories is None else set(categories)
+    if wanted is not None:
+        unknown = sorted(wanted - set(chatterbot_categories(languages)))
+        if unknown:
+            raise ValueError(f"unknown chatterbot categories {unknown}; {', '.join(languages)} has: {', '.join(chatterbot_categories(languages))}")
     out = _Collector("skip")
     for lang in languages:
         for path in sorted((_chatterbot_data_dir() / lang).glob("*.yml")):
+            if wanted is not None and path.stem not in wanted:
+                continue
             for i, entry in enumerate(yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.BaseLoader)["conversations"]):
                 conv = chatterbot_turns(entry)
                 if conv is None:

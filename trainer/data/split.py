@@ -1,9 +1,14 @@
-"""Held-out split by prompt: the same conversation lands on the same side every run."""
+"""Held-out split by prompt: the same conversation lands on the same side every run.
+
+Two rules: a seeded hash of the first prompt (``split_holdout``), or membership of the first
+prompt in a named prompt set (``split_by_prompts``: the first prompts of held-out chatterbot
+categories, ``data.holdout_categories``).
+"""
 
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from typing import AbstractSet, Sequence
 
 from trainer.data.conversation import Conversation
 
@@ -13,6 +18,15 @@ def _first_user_text(conv: Conversation) -> str:
         if message["role"] == "user":
             return message["content"]
     raise ValueError("a conversation without a user turn cannot be split by prompt")
+
+
+def prompt_key(text: str) -> str:
+    """A prompt as the split compares it: whitespace-collapsed and case-folded."""
+    return " ".join(text.split()).casefold()
+
+
+def first_prompt_key(conv: Conversation) -> str:
+    return prompt_key(_first_user_text(conv))
 
 
 def _unit_hash(text: str, seed: int) -> float:
@@ -30,6 +44,14 @@ def split_holdout(convs: Sequence[Conversation], fraction: float, seed: int) -> 
         raise ValueError(f"holdout fraction must be in (0, 1), got {fraction!r}")
     train, heldout = [], []
     for conv in convs:
-        key = " ".join(_first_user_text(conv).split()).casefold()
-        (heldout if _unit_hash(key, seed) < fraction else train).append(conv)
+        (heldout if _unit_hash(first_prompt_key(conv), seed) < fraction else train).append(conv)
+    return train, heldout
+
+
+def split_by_prompts(convs: Sequence[Conversation], heldout_keys: AbstractSet[str]) -> tuple[list[Conversation], list[Conversation]]:
+    """(train, heldout): a conversation is held out when its first user turn's ``prompt_key`` is
+    in ``heldout_keys``. Order within each side follows ``convs``."""
+    train, heldout = [], []
+    for conv in convs:
+        (heldout if first_prompt_key(conv) in heldout_keys else train).append(conv)
     return train, heldout

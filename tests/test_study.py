@@ -1,0 +1,120 @@
+"""Held-out categories, the training-time cap, eval-prompt provenance, and the study runner on a
+two-point grid with a step cap (real embedded target, tiny config)."""
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from trainer import metrics as M
+from trainer.config import DataConfig, DataSourceConfig, TrainConfig
+from trainer.data import first_prompt_key, read_chatterbot
+from trainer.loop import run
+from trainer.report import describe_eval_prompts
+from trainer.sources import Holdout
+from tests.tiny import ROOT, TINY, tiny_config
+
+CATS = ["food", "sports"]
+
+
+def test_category_holdout_keeps_every_prompt_of_those_categories_out_of_training():
+    cfg = DataConfig(sources={"chatterbot": DataSourceConfig()}, holdout_categories=CATS)
+    holdout = Holdout.of(cfg, seed=0)
+    convs, _ = read_chatterbot()
+    train, held = holdout.split("chatterbot", convs)
+    category_keys = {first_prompt_key(c) for c in read_chatterbot(categories=CATS)[0]}
+    assert {first_prompt_key(c) for c in held} == category_keys
+    assert not {first_prompt_key(c) for c in train} & category_keys and len(train) + len(held) == len(convs)
+    assert "food, sports" in holdout.describe() and "never trained on" in holdout.describe()
+    with pytest.raises(ValueError, match="unknown chatterbot categories"):
+        Holdout.of(DataConfig(sources={"chatterbot": DataSourceConfig()}, holdout_categories=["cooking"]), 0)
+
+
+@pytest.mark.parametrize("make, key", [
+    (lambda: DataConfig(holdout_categories=[]), "data.holdout_categories"),
+    (lambda: DataConfig(sources={"c": DataSourceConfig(holdout_fraction=0.2)}, holdout_categories=CATS), "data.holdout_categories"),
+    (lambda: TrainConfig(max_time_s=0), "trainer.max_time_s"),
+])  # fmt: skip
+def test_config_checks(make, key):
+    with pytest.raises(ValueError, match=key):
+        make()
+
+
+@pytest.mark.slow
+def test_time_cap_stops_training_and_the_summary_names_the_eval_prompts(tmp_path):
+    cfg = tiny_config("trainer.max_time_s=0.001", f"data.holdout_categories=[{','.join(CATS)}]")
+    summary = run(cfg, tmp_path)
+    assert summary["steps"] == 1 and summary["stopped_by"] == "trainer.max_time_s"
+    assert summary["tokens_seen"] > 0 and 0 < summary["train_time_s"] < summary["wall_time_s"]
+    origin = summary["eval_prompts"]
+    assert origin["kind"] == "heldout" and origin["sources"] == {"chatterbot": 2} and origin["prompts"] == 2
+    assert "food, sports" in origin["split"] and "food, sports" in describe_eval_prompts(origin)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1][M.TOKENS_SEEN] == summary["tokens_seen"] and M.EVAL_ACCEPT_LEN in rows[-1]
+
+
+def _study_module():
+    spec = importlib.util.spec_from_file_location("launch_study", ROOT / "launch" / "study.py")
+    module = sys.modules["launch_study"] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_grid_file_flags_and_budget(tmp_path):
+    study = _study_module()
+    grid_file = tmp_path / "grid.yaml"
+    grid_file.write_text("sizes: [1, 2]\nregimes: {a: [schedule=cosine], b: [schedule=constant]}\nmax_steps: 10\noverrides: [x=1]\n")
+    args = study._parser().parse_args(["--out", str(tmp_path), "--grid", str(grid_file), "--sizes", "1", "4", "--regimes", "b", "--", "y=2"])
+    grid = study.load_grid(args)
+    assert (grid.sizes, grid.regimes, grid.max_steps, grid.overrides) == ([1, 4], {"b": ["schedule=constant"]}, 10, ["x=1", "y=2"])
+    with pytest.raises(ValueError, match="budget"):
+        study.load_grid(study._parser().parse_args(["--out", str(tmp_path)]))
+    grid_file.write_text("epochs: 3\n")
+    with pytest.raises(ValueError, match="unknown keys"):
+        study.load_grid(study._parser().parse_args(["--out", str(tmp_path), "--grid", str(grid_file), "--max-steps", "5"]))
+    failed = {"name": "4x-b", "size": 4, "regime": "b", "overrides": [], "error": "exit 1", "log_tail": []}
+    assert "| 4x-b | failed: exit 1 |" in study.table([failed])
+
+
+def _synthetic_file(path, n):
+    records = [{"id": f"s{i}", "messages": [{"role": "user", "content": f"What is {i} plus {i + 1}?"},
+                                             {"role": "assistant", "content": f"{i} plus {i + 1} is {2 * i + 1}."}]}
+               for i in range(n)]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+@pytest.mark.slow
+def test_study_runs_a_two_point_grid_and_resumes(tmp_path):
+    synthetic = tmp_path / "answered.jsonl"
+    _synthetic_file(synthetic, 60)
+    out = tmp_path / "study"
+    tiny = [o for o in TINY if not o.startswith("trainer.max_steps")]
+    cmd = [sys.executable, str(ROOT / "launch" / "study.py"), "--out", str(out), "--synthetic", str(synthetic),
+           "--sizes", "1", "2", "--regimes", "cosine", "--max-steps", "2", "--holdout-categories", *CATS, "--", *tiny]  # fmt: skip
+    with socket.socket() as held:  # a port this process holds (as an earlier in-process run does): each run must pick its own
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        env = dict(os.environ, PYTHONPATH=str(ROOT), MASTER_PORT=str(held.getsockname()[1]))
+        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    study = json.loads((out / "study.json").read_text())
+    points = {p["name"]: p for p in study["points"]}
+    assert set(points) == {"1x-cosine", "2x-cosine"}
+    assert points["1x-cosine"]["data"] == {"base_conversations": 48, "synthetic_conversations": 0}
+    assert points["2x-cosine"]["data"] == {"base_conversations": 48, "synthetic_conversations": 48}
+    assert len((out / "data" / "synthetic_48.jsonl").read_text().splitlines()) == 48
+    for p in points.values():
+        assert "error" not in p, p.get("log_tail")
+        assert p["steps"] == 2 and p["stopped_by"] == "trainer.max_steps" and p["tokens_seen"] > 0
+        assert p["accept_len"] >= 1.0 and len(p["accept_rate"]) == 5 and len(p["train_acc"]) == 3 and p["curve"]
+        assert p["eval_prompts"]["sources"]["chatterbot"] == 2 and "food, sports" in p["eval_prompts"]["split"]
+    table = (out / "study.md").read_text()
+    assert "| 2x-cosine | 48 base + 48 synthetic |" in table and "Serving-eval prompts: 2 prompts" in table
+    assert (out / "study.png").stat().st_size > 1000
+    # a rerun finds both points done and trains nothing
+    again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and again.stdout.count("done earlier") == 2

@@ -1,0 +1,118 @@
+"""Write new user prompts with the target (``python -m trainer.synthesize``), then, with
+``--answer``, have the target answer them (``trainer.regenerate``).
+
+Each prompt comes from a job: a category, a kind of request and a persona from
+``trainer/synth/seeds.py``, plus ``--shots`` example prompts from the **training side** of a
+source (default: the embedded chatterbot corpus, split exactly as the trainer splits it:
+``--holdout-fraction``/``--split-seed`` or ``--holdout-categories``; held-out prompts are
+never shown). The generator's replies are sampled (``--temperature``), cleaned and filtered
+(length, English, refusals / meta-text: ``trainer/synth/filters.py``), and near-duplicates
+(MinHash + LSH, ``trainer/data/dedup.py``) of any source prompt, held-out ones included, or
+of an earlier kept prompt are dropped. A ``--follow-up-fraction`` of the kept prompts gets a
+second user turn: the target answers the prompt (greedy), and the generator writes the
+person's next message. Kept prompts go to ``--output`` (``{"id", "turns", "synthetic"}``,
+the serving prompt format), dropped ones to ``<output>.rejected.jsonl``; both are written per
+batch and a restart resumes. Counts per stage are printed at the end.
+
+    python -m trainer.synthesize --output outputs/synthetic/prompts.jsonl --n-prompts 2000 \\
+        --holdout-categories computers food history money movies science sports \\
+        --answer outputs/synthetic/answered.jsonl
+    python -m trainer data=synthetic data.sources.synthetic.path=outputs/synthetic/answered.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Sequence
+
+from trainer.config import DataConfig, DataSourceConfig
+from trainer.data import FORMATS, read_chatterbot, read_source
+from trainer.regenerate import GenerationSettings, open_generator, prompt_conversations, record_id, regenerate
+from trainer.sources import Holdout, chatterbot_languages_of
+from trainer.synth.filters import FilterSettings
+from trainer.synth.instructions import Example, Planner, examples_of
+from trainer.synth.pipeline import SynthReport, SynthSettings, Synthesizer
+from trainer.synth.seeds import CATEGORIES
+
+
+def source_side(args: argparse.Namespace) -> tuple[tuple[Example, ...], list[tuple[str, str]], str]:
+    """(few-shot pool: the training side's first prompts, every prompt to deduplicate against
+    as (key, text): all user turns of the source and of held-out categories, the split's description)."""
+    cfg = DataConfig(
+        sources={"source": DataSourceConfig(format=args.format, path=args.path, languages=list(args.languages))},
+        holdout_fraction=args.holdout_fraction, holdout_categories=args.holdout_categories,
+    )  # fmt: skip
+    holdout = Holdout.of(cfg, args.split_seed)
+    convs, _ = read_source(args.format, args.path, languages=args.languages, on_error="skip", name=f"source {args.format}")
+    train, _ = holdout.split("source", convs)
+    held_categories = read_chatterbot(chatterbot_languages_of(cfg), args.holdout_categories)[0] if args.holdout_categories else []
+    known = []
+    for prefix, group in (("", convs), ("heldout-category:", held_categories)):
+        for conv in group:
+            cid = record_id(conv)
+            known += [(f"{prefix}{cid}:{i}", m["content"]) for i, m in enumerate(conv) if m["role"] == "user"]
+    return examples_of(train, [record_id(c) for c in train]), known, holdout.describe()
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m trainer.synthesize", description=__doc__.split("\n\n")[0])
+    p.add_argument("--output", required=True, type=Path, help="prompt jsonl to write (appended to; done jobs skipped)")
+    p.add_argument("--n-prompts", required=True, type=int, help="prompts to keep")
+    p.add_argument("--answer", type=Path, default=None, help="then answer every kept prompt with the target into this OpenAI-messages jsonl")
+    p.add_argument("--target", default=None, help="generator: local transformers dir or .gguf (default: the embedded SmolLM2 target)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0, help="jobs and sampling")
+    p.add_argument("--temperature", type=float, default=0.9, help="prompt and follow-up writing")
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--max-new-tokens", type=int, default=64, help="per prompt; a prompt not finished within it is dropped")
+    p.add_argument("--answer-max-new-tokens", type=int, default=256, help="per answer (follow-up context and --answer), greedy")
+    p.add_argument("--follow-up-fraction", type=float, default=0.25)
+    p.add_argument("--shots", type=int, default=3, help="example prompts shown per job")
+    p.add_argument("--max-jobs", type=int, default=None, help="give up after this many jobs (default: 10 x --n-prompts)")
+    p.add_argument("--format", default="chatterbot", choices=FORMATS, help="the source of example prompts (default: chatterbot)")
+    p.add_argument("--path", default=None, help="source file or directory (every format but chatterbot)")
+    p.add_argument("--languages", nargs="+", default=["english"], help="chatterbot languages")
+    p.add_argument("--holdout-fraction", type=float, default=0.1, help="the trainer's data.holdout_fraction")
+    p.add_argument("--split-seed", type=int, default=0, help="the trainer's trainer.seed (hash split)")
+    p.add_argument("--holdout-categories", nargs="+", default=None, help="the trainer's data.holdout_categories; also not used as seed categories")
+    p.add_argument("--min-chars", type=int, default=FilterSettings.min_chars)
+    p.add_argument("--max-chars", type=int, default=FilterSettings.max_chars)
+    p.add_argument("--min-words", type=int, default=FilterSettings.min_words)
+    p.add_argument("--min-ascii", type=float, default=FilterSettings.min_ascii)
+    p.add_argument("--min-stopwords", type=float, default=FilterSettings.min_stopwords)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> SynthReport:
+    args = _parser().parse_args(argv)
+    writer = GenerationSettings(args.max_new_tokens, args.temperature, args.top_p, args.batch_size, args.seed)
+    answer = GenerationSettings(args.answer_max_new_tokens, 0.0, 1.0, args.batch_size, args.seed)
+    filters = FilterSettings(args.min_chars, args.max_chars, args.min_words, args.min_ascii, args.min_stopwords)
+    settings = SynthSettings(args.n_prompts, writer, answer, filters, args.max_jobs)
+    pool, known, split = source_side(args)
+    categories = {k: v for k, v in CATEGORIES.items() if k not in set(args.holdout_categories or ())}
+    planner = Planner(categories, pool, args.seed, args.shots, args.follow_up_fraction)
+    model, tokenizer, target = open_generator(args.target, args.device, args.dtype)
+    meta = {"generator": str(target), "seed": args.seed, "temperature": args.temperature, "top_p": args.top_p,
+            "source": args.path or args.format, "split": split}  # fmt: skip
+    print(f"source {args.path or args.format}: {len(pool)} training prompts as examples, {len(known)} prompts to deduplicate against "
+          f"(split: {split}); {len(categories)} categories; generator {target}")  # fmt: skip
+    report = Synthesizer(model, tokenizer, planner, settings, known, meta).run(args.output)
+    print(report.line())
+    print(json.dumps(report.as_dict()))
+    if report.kept < args.n_prompts:
+        print(f"WARNING: {report.kept} of {args.n_prompts} prompts kept within {settings.job_cap} jobs (--max-jobs)")
+    if args.answer is not None:
+        convs, extras = prompt_conversations(args.output)
+        answered = regenerate(convs, model, tokenizer, args.answer, answer, {"target": str(target), **{k: v for k, v in asdict(answer).items() if k != "batch_size"}}, extras=extras)
+        print(answered.line())
+    return report
+
+
+if __name__ == "__main__":
+    main()
