@@ -29,16 +29,21 @@ class TokenBatch:
 
     def positions(self) -> Tensor:
         """[B, T] long: each token's position in its document (in its row when not packed)."""
-        b, t = self.input_ids.shape
-        if self.doc_ids is None:
-            return torch.arange(t, device=self.input_ids.device).expand(b, t)
-        return document_positions(self.doc_ids)
+        return token_positions(self.input_ids, self.doc_ids)
 
     def documents(self) -> list[Tensor]:
         """The token ids of every document (a padded row: its valid tokens), row by row."""
         if self.doc_ids is None:
             return [row[:n] for row, n in zip(self.input_ids, self.lengths.tolist())]
         return [row[doc == d] for row, doc in zip(self.input_ids, self.doc_ids) for d in range(int(doc.max()) + 1)]
+
+
+def token_positions(input_ids: Tensor, doc_ids: Tensor | None) -> Tensor:
+    """[B, T] long: position in the row (doc_ids None) or in the document (doc_ids [B, T])."""
+    if doc_ids is None:
+        b, t = input_ids.shape
+        return torch.arange(t, device=input_ids.device).expand(b, t)
+    return document_positions(doc_ids)
 
 
 def document_positions(doc_ids: Tensor) -> Tensor:

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from models.draft import Eagle3Draft
-from trainer.batch import document_positions
+from trainer.batch import token_positions
 from trainer.soft_ce import soft_cross_entropy
 
 
@@ -90,8 +90,7 @@ def ttt_unroll(
     norm_output: bool,
     doc_ids: Tensor | None = None,  # [B, T] packed rows: document of each token, -1 on padding
 ) -> TTTOutput:
-    b, t = input_ids.shape
-    positions = torch.arange(t, device=input_ids.device).expand(b, t) if doc_ids is None else document_positions(doc_ids)
+    positions = token_positions(input_ids, doc_ids)  # [B, T]
     hidden = draft.project(aux)
     cache: list = []
     loss = hidden.new_zeros((), dtype=torch.float32)
