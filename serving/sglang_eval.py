@@ -1,0 +1,146 @@
+"""``python -m serving.sglang_eval EXPORT_DIR --prompts FILE``: the acceptance length an exported
+draft gets in SGLang's own EAGLE-3 speculative decoding (the number a server delivers).
+
+SGLang 0.5.14's offline ``sglang.Engine`` serves the target with the export as its EAGLE-3 draft
+(a chain: ``speculative_eagle_topk=1``, ``k`` draft tokens per verify step), decodes every prompt
+greedily, and reports per request ``spec_verify_ct`` (verify steps), ``completion_tokens`` and
+``spec_correct_drafts_histogram`` (verify steps that accepted 0, 1, ... k draft tokens). From
+them, over all prompts:
+
+* ``accept_len`` τ = completion tokens / verify steps (the bonus token counted; 1 = nothing accepted);
+* ``accept_rate[i]``: share of verify steps that accepted at least i + 1 draft tokens.
+
+Each ``--k`` starts its own engine (the chain length is an engine setting). Prompts are rendered
+with the target tokenizer's chat template (``serving/prompts.py``); MT-bench-style follow-ups are
+asked after the engine's own answer to the turn before. Needs a CUDA GPU and SGLang.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from serving.prompts import Message, PromptSpec, read_prompt_file, render
+
+
+@dataclass
+class SpecResult:
+    k: int
+    accept_len: float  # τ
+    accept_rate: list[float]  # [k]
+    verify_steps: int
+    new_tokens: int
+    turns: int
+    wall_s: float
+
+    def summary(self) -> str:
+        rates = " / ".join(f"{r:.3f}" for r in self.accept_rate)
+        return (f"k = {self.k}: tau = {self.accept_len:.3f} ({self.verify_steps} verify steps, {self.new_tokens} tokens, "
+                f"{self.turns} turns, {self.wall_s:.1f} s); accept rate per position {rates}")  # fmt: skip
+
+
+def tally(metas: list[dict], k: int) -> tuple[int, int, list[int]]:
+    """(verify steps, completion tokens, histogram of accepted drafts [k + 1]) summed over requests."""
+    steps, tokens, hist = 0, 0, [0] * (k + 1)
+    for meta in metas:
+        if "spec_verify_ct" not in meta:
+            raise ValueError(f"SGLang reported no speculative decoding for a request (meta_info keys: {sorted(meta)})")
+        steps += meta["spec_verify_ct"]
+        tokens += meta["completion_tokens"]
+        for accepted, count in enumerate(meta.get("spec_correct_drafts_histogram") or []):
+            hist[accepted] += count
+    return steps, tokens, hist
+
+
+def result_of(metas: list[dict], k: int, turns: int, wall: float) -> SpecResult:
+    steps, tokens, hist = tally(metas, k)
+    if steps == 0:
+        raise ValueError("no verify step was recorded: nothing was decoded")
+    rate = [sum(hist[i + 1 :]) / steps for i in range(k)]
+    return SpecResult(k, tokens / steps, rate, steps, tokens, turns, wall)
+
+
+def decode_all(engine, tokenizer, prompts: list[PromptSpec], sampling: dict) -> tuple[list[dict], int]:
+    """Every turn of every prompt, a turn of all prompts per ``generate`` call. Returns the
+    requests' ``meta_info`` and the number of turns."""
+    convs: list[list[Message]] = [list(p.context) for p in prompts]
+    metas, turns = [], 0
+    for t in range(max(p.turns for p in prompts)):
+        live = [i for i, p in enumerate(prompts) if t < p.turns]
+        for i in live:
+            if t > 0:
+                convs[i].append({"role": "user", "content": prompts[i].follow_ups[t - 1]})
+        outs = engine.generate(input_ids=[render(tokenizer, convs[i]) for i in live], sampling_params=sampling)
+        for i, out in zip(live, outs):
+            metas.append(out["meta_info"])
+            convs[i].append({"role": "assistant", "content": tokenizer.decode(out["output_ids"], skip_special_tokens=True)})
+        turns += len(live)
+    return metas, turns
+
+
+def evaluate(export_dir: Path, target: Path, sets: dict[str, list[PromptSpec]], k: int, max_new_tokens: int, backend: str,
+             mem: float) -> dict[str, SpecResult]:
+    """One engine with a ``k``-token chain; each prompt set decoded and tallied apart."""
+    import sglang
+
+    from models.target import load_tokenizer
+
+    tokenizer = load_tokenizer(target)
+    # SGLang stops on the eos ids of config.json and generation_config.json; the tokenizer's eos is added
+    stop = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    engine = sglang.Engine(
+        model_path=str(target), speculative_algorithm="EAGLE3", speculative_draft_model_path=str(export_dir),
+        speculative_num_steps=k, speculative_eagle_topk=1, speculative_num_draft_tokens=k + 1, attention_backend=backend,
+        sampling_backend="pytorch", skip_tokenizer_init=True, disable_cuda_graph=True, mem_fraction_static=mem, random_seed=0,
+        log_level="error",
+    )  # fmt: skip
+    sampling = {"max_new_tokens": max_new_tokens, "temperature": 0.0, "stop_token_ids": stop}
+    results = {}
+    try:
+        for name, prompts in sets.items():
+            start = time.perf_counter()
+            metas, turns = decode_all(engine, tokenizer, prompts, sampling)
+            results[name] = result_of(metas, k, turns, time.perf_counter() - start)
+    finally:
+        engine.shutdown()
+    return results
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m serving.sglang_eval", description=__doc__.split("\n\n")[0])
+    p.add_argument("export_dir", type=Path, help="an SGLang export (RUN/export/sglang)")
+    p.add_argument("--prompts", type=Path, required=True, nargs="+", help="prompt jsonl files (serving/prompts.py), each reported apart")
+    p.add_argument("--target", type=Path, default=None, help="target transformers dir (default: the embedded target's cache dir)")
+    p.add_argument("--k", type=int, nargs="+", default=[6], help="draft tokens per verify step (chain); one engine per value")
+    p.add_argument("--limit", type=int, default=None, help="at most this many prompts per file")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--attention-backend", default="triton")
+    p.add_argument("--mem-fraction-static", type=float, default=0.5)
+    p.add_argument("--json", type=Path, default=None, help="write {file: {k: result}} here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from models.embedded import embedded_target_dir
+
+    target = args.target if args.target is not None else embedded_target_dir()
+    sets = {str(f): read_prompt_file(f, args.limit) for f in args.prompts}
+    results: dict[str, dict[int, dict]] = {f: {} for f in sets}
+    for k in args.k:
+        if k < 1:
+            raise ValueError(f"--k must be >= 1, got {k}")
+        for f, r in evaluate(args.export_dir, target, sets, k, args.max_new_tokens, args.attention_backend, args.mem_fraction_static).items():
+            print(f"{f} ({len(sets[f])} prompts): {r.summary()}", flush=True)
+            results[f][k] = asdict(r)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
