@@ -75,7 +75,11 @@ def test_batched_left_padded_generation_equals_one_at_a_time(generator):
 def test_static_cache_gives_the_dynamic_cache_greedy_tokens(tiny_target, generator):
     static = open_tiny(tiny_target, static_cache=True)
     prompts = [G.chat_ids(generator.tokenizer, p) for p in first_prompts()]
-    assert [r.tokens for r in static.generate(prompts, SETTINGS, 0)] == [r.tokens for r in generator.generate(prompts, SETTINGS, 0)]
+    want = [r.tokens for r in generator.generate(prompts, SETTINGS, 0)]
+    assert [r.tokens for r in static.generate(prompts, SETTINGS, 0)] == want
+    # one batch of 5 rows padded to 8 (a power of two, at most the batch size) with copies of its first; batches of 4 and 1
+    for batch in (8, 4):
+        assert [r.tokens for r in static.generate(prompts, G.GenerationSettings(max_new_tokens=6, batch_size=batch), 0)] == want
     with pytest.raises(ValueError, match="--compile compiles the static-cache decode step"):
         G.EngineSettings(compile=True)
 

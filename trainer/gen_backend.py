@@ -7,9 +7,11 @@ token, their text, the finish reason (``stop``: the model ended it, ``length``:
 ``max_new_tokens`` did) and the new-token count.
 
 * ``hf``: transformers ``generate`` in left-padded batches of ``batch_size`` prompts of
-  similar length; optionally a static KV cache (prompts padded to a multiple of
-  ``STATIC_PAD`` tokens so few cache shapes occur), whose decode step transformers compiles
-  on a GPU (``compile``; with a static cache and no ``compile`` it runs eagerly).
+  similar length; optionally a static KV cache, whose decode step transformers compiles on a
+  GPU (``compile``; with a static cache and no ``compile`` it runs eagerly). With a static
+  cache few shapes occur, so few compilations: prompts are padded to a multiple of
+  ``STATIC_PAD`` tokens, and a short batch gets copies of its first prompt up to a power of
+  two rows (their replies are dropped).
 * ``sglang``: SGLang 0.5.14's offline ``sglang.Engine`` (``skip_tokenizer_init``: ids in,
   ids out). One ``generate`` call takes a whole chunk of prompts and the engine's scheduler
   batches them continuously. It starts subprocesses (spawn): the calling script needs an
@@ -216,8 +218,11 @@ class HFBackend:
 
     @torch.no_grad()
     def _batch(self, prompts: Sequence[Sequence[int]], settings: GenerationSettings) -> list[Reply]:
+        rows = [list(p) for p in prompts]
+        if self.static_cache:
+            rows += [rows[0]] * (min(1 << (len(rows) - 1).bit_length(), settings.batch_size) - len(rows))
         pad = STATIC_PAD if self.static_cache else None
-        enc = self.tokenizer.pad({"input_ids": [list(p) for p in prompts]}, padding=True, pad_to_multiple_of=pad, return_tensors="pt")
+        enc = self.tokenizer.pad({"input_ids": rows}, padding=True, pad_to_multiple_of=pad, return_tensors="pt")
         enc = enc.to(self.model.device)  # input_ids, attention_mask [B, L], left-padded
         sampling = {"do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p} if settings.temperature > 0 else {"do_sample": False}
         cache = {"cache_implementation": "static", "disable_compile": not self.compile} if self.static_cache else {}
@@ -226,7 +231,7 @@ class HFBackend:
             top_k=None, **sampling, **cache,
         )  # [B, L + new]; fmt: skip
         replies = []
-        for row in out[:, enc["input_ids"].shape[1] :].tolist():
+        for row in out[: len(prompts), enc["input_ids"].shape[1] :].tolist():
             tokens, finish = cut_at_stop(row, self.stop_ids)
             replies.append(Reply(tokens, self.tokenizer.decode(tokens, skip_special_tokens=False), finish))
         return replies

@@ -17,7 +17,12 @@ batch and a restart resumes. Counts per stage are printed at the end.
     python -m trainer.synthesize --output outputs/synthetic/prompts.jsonl --n-prompts 2000 \\
         --holdout-categories computers food history money movies science sports \\
         --answer outputs/synthetic/answered.jsonl
+    python -m trainer.synthesize --engine sglang --output outputs/synthetic/prompts.jsonl --n-prompts 20000 \\
+        --answer outputs/synthetic/answered.jsonl          # on a GPU: SGLang's offline engine writes and answers
     python -m trainer data=synthetic data.sources.synthetic.path=outputs/synthetic/answered.jsonl
+
+The generator is a ``trainer.gen_backend`` backend (``--engine hf | sglang | auto`` and its
+options, shared with ``trainer.regenerate``); ``--batch-size`` jobs go to it at a time.
 """
 
 from __future__ import annotations
