@@ -156,6 +156,11 @@ def test_cli_on_a_file_source(tiny_target, tmp_path):
             "--max-new-tokens", "3", "--batch-size", "4", "--limit", "3", "--device", "cpu"]  # fmt: skip
     report = R.main(args)
     assert report.written == 3 and len(_lines(out)) == 3
+    if not torch.cuda.is_available():  # auto: hf without a GPU; a static cache changes no greedy token
+        again = R.main([*args, "--engine", "auto", "--static-cache", "--output", str(tmp_path / "auto.jsonl")])
+        assert again.written == 3 and sorted(_lines(tmp_path / "auto.jsonl"), key=lambda r: r["id"]) == sorted(_lines(out), key=lambda r: r["id"])
+    with pytest.raises(ValueError, match="add --static-cache"):
+        R.main([*args, "--compile"])
     with pytest.raises(ValueError, match="temperature"):
         R.GenerationSettings(temperature=-1)
 
