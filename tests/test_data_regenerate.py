@@ -207,3 +207,5 @@ def test_engine_choice_and_batch_defaults_on_the_cpu():
     assert G.cut_at_stop([5, 6, 2, 9], [2]) == ([5, 6], "stop") and G.cut_at_stop([5, 6], [2]) == ([5, 6], "length")
     with pytest.raises(ValueError, match="--engine must be one of"):
         G.EngineSettings(engine="vllm")
+    with pytest.raises(ValueError, match="options of --engine hf"):
+        G.EngineSettings(engine="sglang", static_cache=True)

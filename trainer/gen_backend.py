@@ -78,6 +78,8 @@ class EngineSettings:
             raise ValueError(f"--dtype must be auto or one of {tuple(DTYPES)}, got {self.dtype!r}")
         if self.compile and not self.static_cache:
             raise ValueError("--compile compiles the static-cache decode step: add --static-cache")
+        if self.engine == "sglang" and self.static_cache:
+            raise ValueError("--static-cache and --compile are options of --engine hf (SGLang manages its own KV cache)")
         if not 0 < self.mem_fraction_static < 1:
             raise ValueError(f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
 
