@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.tiny_generator import save_tiny_generator
+from trainer import gen_backend as G
 from trainer import regenerate as R
 from trainer.data import read_source
 
@@ -29,9 +30,32 @@ def tiny_target(tmp_path_factory):
     return save_tiny_generator(tmp_path_factory.mktemp("tiny_target"))
 
 
+def open_tiny(target, **kw) -> G.HFBackend:
+    return G.open_backend(G.EngineSettings(target=str(target), device="cpu", dtype="float32", **kw))
+
+
 @pytest.fixture(scope="module")
 def generator(tiny_target):
-    return R.load_generator(tiny_target, torch.device("cpu"), torch.float32)
+    return open_tiny(tiny_target)
+
+
+class CallLog:
+    """The real backend, recording how many prompts each generate call got."""
+
+    def __init__(self, backend):
+        self.backend, self.calls = backend, []
+        self.name, self.path, self.tokenizer, self.stop_ids = backend.name, backend.path, backend.tokenizer, backend.stop_ids
+
+    def generate(self, prompts, settings, seed):
+        self.calls.append(len(prompts))
+        return self.backend.generate(prompts, settings, seed)
+
+    def close(self):
+        self.backend.close()
+
+
+def first_prompts():
+    return [c[: next(i for i, m in enumerate(c) if m["role"] == "assistant")] for c in CONVS]
 
 
 def _lines(path):
@@ -39,20 +63,39 @@ def _lines(path):
 
 
 def test_batched_left_padded_generation_equals_one_at_a_time(generator):
-    model, tokenizer = generator
-    assert tokenizer.padding_side == "left"
-    prompts = [c[: next(i for i, m in enumerate(c) if m["role"] == "assistant")] for c in CONVS]
-    stop = R._stop_ids(model, tokenizer)
-    together = R.generate_replies(model, tokenizer, prompts, SETTINGS, stop)
-    alone = [R.generate_replies(model, tokenizer, [p], SETTINGS, stop)[0] for p in prompts]
+    assert generator.tokenizer.padding_side == "left"
+    prompts = [G.chat_ids(generator.tokenizer, p) for p in first_prompts()]
+    together = generator.generate(prompts, SETTINGS, 0)  # batches of 2 by length, answers in prompt order
+    alone = [generator.generate([p], SETTINGS, 0)[0] for p in prompts]
     assert together == alone
-    assert all(n == 6 and not stopped for _, stopped, n in together)  # a random model does not stop by itself
+    assert all(r.new_tokens == 6 and r.finish == "length" for r in together)  # a random model does not stop by itself
+    assert all(r.text == generator.tokenizer.decode(r.tokens) for r in together)
+
+
+def test_static_cache_gives_the_dynamic_cache_greedy_tokens(tiny_target, generator):
+    static = open_tiny(tiny_target, static_cache=True)
+    prompts = [G.chat_ids(generator.tokenizer, p) for p in first_prompts()]
+    want = [r.tokens for r in generator.generate(prompts, SETTINGS, 0)]
+    assert [r.tokens for r in static.generate(prompts, SETTINGS, 0)] == want
+    # one batch of 5 rows padded to 8 (a power of two, at most the batch size) with copies of its first; batches of 4 and 1
+    for batch in (8, 4):
+        assert [r.tokens for r in static.generate(prompts, G.GenerationSettings(max_new_tokens=6, batch_size=batch), 0)] == want
+    with pytest.raises(ValueError, match="--compile compiles the static-cache decode step"):
+        G.EngineSettings(compile=True)
+
+
+def test_each_wave_is_one_backend_call(generator, tmp_path):
+    log = CallLog(generator)
+    report = R.regenerate(CONVS, log, tmp_path / "w.jsonl", R.GenerationSettings(max_new_tokens=2, batch_size=5), {}, progress=False)
+    assert log.calls == [5, 1] and report.turns == 6  # wave 0: every first assistant turn; wave 1: the second one
+    log.calls.clear()
+    R.regenerate(CONVS, log, tmp_path / "w2.jsonl", R.GenerationSettings(max_new_tokens=2, batch_size=2), {}, progress=False)
+    assert sorted(log.calls) == [1, 1, 2, 2]  # chunks of 2 (the two-turn conversation is longest: last, alone, in two waves)
 
 
 def test_regenerated_records_are_read_by_the_openai_source(generator, tmp_path):
-    model, tokenizer = generator
     out = tmp_path / "regen.jsonl"
-    report = R.regenerate(CONVS, model, tokenizer, out, SETTINGS, {"target": "tiny"}, progress=False)
+    report = R.regenerate(CONVS, generator, out, SETTINGS, R.generation_meta(generator, SETTINGS), progress=False)
     assert (report.records, report.written, report.skipped_done, report.turns) == (5, 5, 0, 6)
     assert report.new_tokens == 36 and report.stopped_by_length == 6
     records = {r["id"]: r for r in _lines(out)}
@@ -60,6 +103,7 @@ def test_regenerated_records_are_read_by_the_openai_source(generator, tmp_path):
     assert stats.conversations == 5 and stats.malformed == 0
     for conv in CONVS:
         record = records[R.record_id(conv)]
+        assert record["generation"]["engine"] == "hf" and record["generation"]["max_new_tokens"] == 6
         assert record["generation"]["finish"] == ["length"] * sum(m["role"] == "assistant" for m in conv)
         last = max(i for i, m in enumerate(conv) if m["role"] == "assistant")
         kept = conv[: last + 1]  # the trailing user turn is dropped
@@ -69,31 +113,31 @@ def test_regenerated_records_are_read_by_the_openai_source(generator, tmp_path):
 
 
 def test_a_model_that_stops_gives_stop_and_clean_text(tiny_target, tmp_path):
-    model, tokenizer = R.load_generator(tiny_target, torch.device("cpu"), torch.float32)
+    model, tokenizer = G.load_generator(tiny_target, torch.device("cpu"), torch.float32)
     with torch.no_grad():  # every logit 0: greedy picks token 0, which the generation config names a stop token
         model.lm_head.weight.zero_()
     model.generation_config.eos_token_id = [0, 2]
-    assert R._stop_ids(model, tokenizer) == [0, 2]
+    backend = G.HFBackend(model, tokenizer, tiny_target)
+    assert backend.stop_ids == [0, 2]
     out = tmp_path / "stop.jsonl"
-    report = R.regenerate(CONVS[:2], model, tokenizer, out, SETTINGS, {}, progress=False)
+    report = R.regenerate(CONVS[:2], backend, out, SETTINGS, {}, progress=False)
     assert report.stopped_by_length == 0 and report.new_tokens == 0
     assert all(r["generation"]["finish"] == ["stop"] * len(r["generation"]["finish"]) for r in _lines(out))
     assert all(m["content"] == "" for r in _lines(out) for m in r["messages"] if m["role"] == "assistant")
 
 
 def test_restart_skips_done_records_and_cuts_a_torn_line(generator, tmp_path):
-    model, tokenizer = generator
     out = tmp_path / "regen.jsonl"
-    R.regenerate(CONVS, model, tokenizer, out, SETTINGS, {}, progress=False)
+    R.regenerate(CONVS, generator, out, SETTINGS, {}, progress=False)
     complete = out.read_text()
     first_three = "".join(complete.splitlines(keepends=True)[:3])
     out.write_text(first_three + complete.splitlines(keepends=True)[3][:25])  # a crash mid-write
-    report = R.regenerate(CONVS, model, tokenizer, out, SETTINGS, {}, progress=False)
+    report = R.regenerate(CONVS, generator, out, SETTINGS, {}, progress=False)
     assert (report.skipped_done, report.written) == (3, 2)
     records = _lines(out)
     assert sorted(r["id"] for r in records) == sorted(R.record_id(c) for c in CONVS)
     assert sorted(out.read_text().splitlines()) == sorted(complete.splitlines())  # greedy: the same records
-    again = R.regenerate(CONVS, model, tokenizer, out, SETTINGS, {}, progress=False)
+    again = R.regenerate(CONVS, generator, out, SETTINGS, {}, progress=False)
     assert (again.skipped_done, again.written) == (5, 0)
 
 
@@ -112,15 +156,56 @@ def test_cli_on_a_file_source(tiny_target, tmp_path):
             "--max-new-tokens", "3", "--batch-size", "4", "--limit", "3", "--device", "cpu"]  # fmt: skip
     report = R.main(args)
     assert report.written == 3 and len(_lines(out)) == 3
+    if not torch.cuda.is_available():  # auto: hf without a GPU; a static cache changes no greedy token
+        again = R.main([*args, "--engine", "auto", "--static-cache", "--output", str(tmp_path / "auto.jsonl")])
+        assert again.written == 3 and sorted(_lines(tmp_path / "auto.jsonl"), key=lambda r: r["id"]) == sorted(_lines(out), key=lambda r: r["id"])
+    with pytest.raises(ValueError, match="add --static-cache"):
+        R.main([*args, "--compile"])
     with pytest.raises(ValueError, match="temperature"):
         R.GenerationSettings(temperature=-1)
 
 
 def test_greedy_generates_a_repeated_prompt_once(generator, tmp_path):
-    model, tokenizer = generator
     again = [CONVS[0][0], {"role": "assistant", "content": "Another original answer."}]
-    greedy = R.regenerate([CONVS[0], again, CONVS[3]], model, tokenizer, tmp_path / "g.jsonl", SETTINGS, {}, progress=False)
+    greedy = R.regenerate([CONVS[0], again, CONVS[3]], generator, tmp_path / "g.jsonl", SETTINGS, {}, progress=False)
     assert (greedy.written, greedy.same_prompts) == (2, 1)
     sampled = R.GenerationSettings(max_new_tokens=6, batch_size=2, temperature=0.8)
-    report = R.regenerate([CONVS[0], again], model, tokenizer, tmp_path / "s.jsonl", sampled, {}, progress=False)
+    report = R.regenerate([CONVS[0], again], generator, tmp_path / "s.jsonl", sampled, {}, progress=False)
     assert (report.written, report.same_prompts) == (2, 0)
+
+
+def sglang_result(output_ids, finish_reason):
+    """One ``sglang.Engine.generate`` result with ``skip_tokenizer_init`` (SGLang 0.5.14's
+    TokenizerManager: BatchTokenIDOutput branch; finish reasons from FINISH_*.to_json)."""
+    meta = {"id": "f3a1", "finish_reason": finish_reason, "prompt_tokens": 12, "weight_version": "default", "num_retractions": 0,
+            "reasoning_tokens": 0, "completion_tokens": len(output_ids), "cached_tokens": 0}  # fmt: skip
+    return {"output_ids": output_ids, "meta_info": meta}
+
+
+def test_sglang_results_become_replies(generator):
+    tok = generator.tokenizer
+    hello = tok("Hello there", add_special_tokens=False)["input_ids"]
+    stopped = G.sglang_reply(sglang_result(hello + [2], {"type": "stop", "matched": 2}), tok)
+    assert (stopped.tokens, stopped.text, stopped.finish, stopped.new_tokens) == (hello, "Hello there", "stop", len(hello))
+    cut = G.sglang_reply(sglang_result(hello, {"type": "length", "length": len(hello)}), tok)
+    assert (cut.tokens, cut.finish) == (hello, "length")
+    empty = G.sglang_reply(sglang_result([2], {"type": "stop", "matched": 2}), tok)
+    assert (empty.tokens, empty.text, empty.finish) == ([], "", "stop")
+    with pytest.raises(RuntimeError, match="abort"):
+        G.sglang_reply(sglang_result([], {"type": "abort", "message": "prompt too long", "status_code": 400, "err_type": None}), tok)
+
+
+def test_sglang_requests_carry_the_settings():
+    params = G.sglang_sampling(R.GenerationSettings(max_new_tokens=7, temperature=0.7, top_p=0.9), [2, 0], 3)
+    assert params == [{"max_new_tokens": 7, "temperature": 0.7, "top_p": 0.9, "stop_token_ids": [2, 0]}] * 3
+    assert params[0] is not params[1]
+
+
+def test_engine_choice_and_batch_defaults_on_the_cpu():
+    assert G.resolve_engine("auto") == ("sglang" if torch.cuda.is_available() and G.importlib.util.find_spec("sglang") else "hf")
+    assert G.default_batch_size("hf", "cpu") == 16 and G.default_batch_size("hf", "cuda") == 256 and G.default_batch_size("sglang", "cuda") == 2048
+    assert G.cut_at_stop([5, 6, 2, 9], [2]) == ([5, 6], "stop") and G.cut_at_stop([5, 6], [2]) == ([5, 6], "length")
+    with pytest.raises(ValueError, match="--engine must be one of"):
+        G.EngineSettings(engine="vllm")
+    with pytest.raises(ValueError, match="options of --engine hf"):
+        G.EngineSettings(engine="sglang", static_cache=True)

@@ -8,9 +8,9 @@ from argparse import Namespace
 from collections import Counter
 
 import pytest
-import torch
 
 from tests.tiny_generator import save_tiny_generator
+from trainer import gen_backend as G
 from trainer import regenerate as R
 from trainer import synthesize
 from trainer.data import first_prompt_key, read_chatterbot, read_source
@@ -123,10 +123,10 @@ def _lines(path):
 
 
 def test_pipeline_counts_follow_ups_resume_and_dedup_against_the_source(tiny_target, tmp_path):
-    model, tokenizer = R.load_generator(tiny_target, torch.device("cpu"), torch.float32)
+    backend = G.open_backend(G.EngineSettings(target=str(tiny_target), device="cpu", dtype="float32"))
     planner = Planner({"food": "food", "music": "music"}, POOL, seed=0, shots=2, follow_up_fraction=1.0)
     out = tmp_path / "p.jsonl"
-    first = Synthesizer(model, tokenizer, planner, _settings(5), [], {"generator": "tiny"}).run(out, progress=False)
+    first = Synthesizer(backend, planner, _settings(5), [], {"generator": "tiny"}).run(out, progress=False)
     kept = _lines(out)
     assert first.kept == len(kept) == 5 and first.generated == 5 + sum(first.dropped.values())
     assert first.follow_ups + first.follow_ups_dropped == 5 and first.follow_ups >= 3
@@ -135,7 +135,7 @@ def test_pipeline_counts_follow_ups_resume_and_dedup_against_the_source(tiny_tar
     # a crash mid-write: the torn last line is cut and its job done again; asking for more resumes
     data = out.read_bytes()
     out.write_bytes(data[: data.rfind(b"\n", 0, len(data) - 1) + 1] + b'{"id": "synth-')
-    second = Synthesizer(model, tokenizer, planner, _settings(8), [], {"generator": "tiny"}).run(out, progress=False)
+    second = Synthesizer(backend, planner, _settings(8), [], {"generator": "tiny"}).run(out, progress=False)
     again = _lines(out)
     ids = [r["id"] for r in again] + [r["id"] for r in _lines(rejected_path(out))]
     assert second.kept == len(again) == 8 and len(ids) == len(set(ids))
@@ -144,7 +144,7 @@ def test_pipeline_counts_follow_ups_resume_and_dedup_against_the_source(tiny_tar
 
     # the same jobs with the same seeds write the same prompts: all near-duplicates of the source now
     source = [(r["id"], r["turns"][0]) for r in kept]
-    third = Synthesizer(model, tokenizer, planner, _settings(5), source, {}).run(tmp_path / "q.jsonl", progress=False)
+    third = Synthesizer(backend, planner, _settings(5), source, {}).run(tmp_path / "q.jsonl", progress=False)
     stages = Counter(r["stage"] for r in _lines(tmp_path / "q.rejected.jsonl"))
     assert stages["near_dup_source"] >= 5 and third.dropped["near_dup_source"] == stages["near_dup_source"]
     assert all(r["duplicate_of"].startswith("source:") for r in _lines(tmp_path / "q.rejected.jsonl") if r["stage"] == "near_dup_source")
@@ -158,7 +158,7 @@ def test_cli_synthesizes_and_answers_into_an_openai_file(tiny_target, tmp_path):
         "--min-stopwords", "0", "--min-ascii", "0", "--min-words", "1", "--min-chars", "1", "--max-chars", "100000",
         "--answer", str(answered),
     ])  # fmt: skip
-    assert report.kept == 4
+    assert report.kept == 4 and report.new_tokens > 0 and "tokens/s" in report.line()
     prompts = {r["id"]: r for r in _lines(out)}
     assert all(r["synthetic"]["category"] != "food" for r in prompts.values())
     convs, stats = read_source("openai", answered)
@@ -168,6 +168,7 @@ def test_cli_synthesizes_and_answers_into_an_openai_file(tiny_target, tmp_path):
         users = tuple(m["content"] for m in record["messages"] if m["role"] == "user")
         assert [m["role"] for m in record["messages"]] == ["user", "assistant"] * len(users)
         assert record["synthetic"] == by_turns[users]["synthetic"] and len(record["generation"]["finish"]) == len(users)
+        assert record["synthetic"]["engine"] == record["generation"]["engine"] == "hf"
 
 
 def test_regenerate_answers_a_prompt_file_and_keeps_its_metadata(tiny_target, tmp_path):

@@ -4,8 +4,10 @@ EAGLE and SpecForge train drafts on the target's own responses: the draft learns
 what the target will say, not what another model once said. This reads any source
 (``trainer.data.read_source``), keeps the system and user turns, and generates each assistant
 turn with the target given the conversation so far (earlier assistant turns already
-regenerated), in batches with left padding. Turns after the last assistant turn are dropped
-(they carry no loss). The output is OpenAI-messages jsonl, which the ``openai`` source reads:
+regenerated), chunk by chunk: wave t of a chunk generates the t-th assistant turn of every
+conversation in it, in one call of the generation backend (``--engine``: transformers
+``generate`` in left-padded batches, or SGLang's offline engine: ``trainer.gen_backend``).
+Turns after the last assistant turn are dropped (they carry no loss). The output is OpenAI-messages jsonl, which the ``openai`` source reads:
 
     {"id": "...", "messages": [...], "generation": {"finish": ["stop", "length"], ...}}
 
@@ -15,15 +17,17 @@ with an assistant turn after each user turn; its records' other keys (``syntheti
 persona, ...) are copied into the output records.
 
 ``finish`` says, per assistant turn, whether the target ended it (``stop``) or
-``--max-new-tokens`` did (``length``). Each line is written and flushed when its batch is
-done; a restarted run skips the ids already in the output (a torn last line from a crash is
+``--max-new-tokens`` did (``length``). Each line is written, flushed and fsynced when its
+chunk (``--batch-size`` conversations) is done; a restarted run skips the ids already in the output (a torn last line from a crash is
 cut off first), so a long run can be stopped and resumed. Greedy decoding (the default,
 ``--temperature 0``) is deterministic, so conversations whose prompt turns repeat an earlier
 one's are generated once (they would come out identical, and sources keep one of exact
-duplicates anyway); sampling is seeded per batch, so a resumed sampled run is not
+duplicates anyway); sampling is seeded per chunk and wave (hf) or once at engine start
+(sglang), so a resumed sampled run is not
 bit-identical to an uninterrupted one.
 
     python -m trainer.regenerate --output outputs/regenerated/chatterbot_english.jsonl
+    python -m trainer.regenerate --engine sglang --output outputs/regenerated/chatterbot_english.jsonl   # on a GPU
     python -m trainer.regenerate --prompts outputs/synthetic/prompts.jsonl --output outputs/synthetic/answered.jsonl
     python -m trainer.regenerate --format sharegpt --path sg.json --target /models/Llama-3.1-8B-Instruct \\
         --output sg_regen.jsonl --batch-size 64 --max-new-tokens 1024 --device cuda
@@ -43,27 +47,14 @@ from typing import Sequence
 # Nothing is ever fetched from a hub; huggingface_hub reads this once, at import.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from trainer.data.conversation import Conversation  # noqa: E402
 from trainer.data.files import json_lines  # noqa: E402
 from trainer.data.sources import FORMATS, read_source  # noqa: E402
-
-
-@dataclass(frozen=True)
-class GenerationSettings:
-    max_new_tokens: int = 256
-    temperature: float = 0.0  # 0: greedy
-    top_p: float = 1.0
-    batch_size: int = 16
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1 or self.batch_size < 1:
-            raise ValueError(f"max_new_tokens and batch_size must be >= 1, got {self.max_new_tokens}, {self.batch_size}")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
+from trainer.gen_backend import (  # noqa: E402
+    DTYPES, ENGINES, Backend, EngineSettings, GenerationSettings, default_batch_size, generate_chats, open_backend, resolve_engine,
+)  # fmt: skip
 
 
 @dataclass
@@ -119,38 +110,6 @@ def done_ids(output: Path) -> set[str]:
     return ids
 
 
-def load_generator(path: str | Path, device: torch.device, dtype: torch.dtype):
-    """(model, tokenizer) of a local transformers dir or .gguf file, tokenizer padding left."""
-    from transformers import AutoModelForCausalLM
-
-    from models.target import load_tokenizer
-
-    path = Path(path).expanduser()
-    tokenizer = load_tokenizer(path)
-    directory, kwargs = (path.parent, {"gguf_file": path.name}) if path.is_file() else (path, {})
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True, **kwargs)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token_id is None:
-        if tokenizer.eos_token_id is None:
-            raise ValueError(f"{path}: the tokenizer has neither a pad nor an eos token to pad with")
-        tokenizer.pad_token = tokenizer.eos_token
-    return model.to(device).eval(), tokenizer
-
-
-def open_generator(target: str | Path | None, device: str, dtype: str) -> tuple[object, object, Path]:
-    """(model, tokenizer, path) of ``target`` (None: the embedded default) on ``device``
-    (auto | cpu | cuda[:N]) in ``dtype`` (auto: bfloat16 on GPU, float32 on CPU)."""
-    dev = _device(device)
-    dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
-    dt = dt or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
-    if target is None:
-        from models.embedded import embedded_target_dir
-
-        target = embedded_target_dir()
-    model, tokenizer = load_generator(target, dev, dt)
-    return model, tokenizer, Path(target)
-
-
 def prompt_conversations(path: Path) -> tuple[list[Conversation], list[dict]]:
     """A prompt file's prompts as conversations with an empty assistant turn (to generate) after
     each user turn, and each record's keys other than the prompt and its id."""
@@ -169,43 +128,15 @@ def prompt_conversations(path: Path) -> tuple[list[Conversation], list[dict]]:
     return convs, extras
 
 
-def _stop_ids(model, tokenizer) -> list[int]:
-    ids = model.generation_config.eos_token_id
-    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-        ids.append(tokenizer.eos_token_id)
-    if not ids:
-        raise ValueError("the target names no end-of-sequence token: generation could not stop")
-    return ids
-
-
-@torch.no_grad()
-def generate_replies(model, tokenizer, prompts: Sequence[Conversation], settings: GenerationSettings, stop_ids: list[int]) -> list[tuple[str, bool, int]]:
-    """One assistant reply per prompt conversation, generated in one left-padded batch:
-    (text, stopped by the model, new tokens). The text ends before the stop token."""
-    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
-    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
-    sampling = {"do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p} if settings.temperature > 0 else {"do_sample": False}
-    out = model.generate(
-        **enc, max_new_tokens=settings.max_new_tokens, eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id,
-        top_k=None, **sampling,
-    )  # fmt: skip
-    replies = []
-    for row in out[:, enc["input_ids"].shape[1] :].tolist():
-        end = next((k for k, t in enumerate(row) if t in stop_ids), None)
-        tokens = row if end is None else row[:end]
-        replies.append((tokenizer.decode(tokens, skip_special_tokens=False), end is not None, len(tokens)))
-    return replies
-
-
 def regenerate_batch(
-    model, tokenizer, convs: Sequence[Conversation], settings: GenerationSettings, stop_ids: list[int], report: RegenReport
+    backend: Backend, convs: Sequence[Conversation], settings: GenerationSettings, seed: int, report: RegenReport
 ) -> list[tuple[Conversation, list[str]]]:
-    """Every conversation with its assistant turns regenerated, turn by turn across the batch
-    (wave t generates the t-th assistant turn of every conversation that has one)."""
+    """Every conversation with its assistant turns regenerated, turn by turn across the chunk
+    (wave t generates the t-th assistant turn of every conversation that has one, in one call)."""
     built: list[Conversation] = [[] for _ in convs]
     finish: list[list[str]] = [[] for _ in convs]
     cursor = [0] * len(convs)  # next source message to copy, per conversation
+    wave = 0
     while True:
         asking = []
         for k, conv in enumerate(convs):
@@ -216,18 +147,21 @@ def regenerate_batch(
                 asking.append(k)
         if not asking:
             return list(zip(built, finish))
-        for k, (text, stopped, n) in zip(asking, generate_replies(model, tokenizer, [built[k] for k in asking], settings, stop_ids)):
-            built[k].append({"role": "assistant", "content": text})
-            finish[k].append("stop" if stopped else "length")
-            report.turns, report.new_tokens, report.stopped_by_length = report.turns + 1, report.new_tokens + n, report.stopped_by_length + (not stopped)
+        for k, reply in zip(asking, generate_chats(backend, [built[k] for k in asking], settings, seed + wave)):
+            built[k].append({"role": "assistant", "content": reply.text})
+            finish[k].append(reply.finish)
+            report.turns, report.new_tokens = report.turns + 1, report.new_tokens + reply.new_tokens
+            report.stopped_by_length += reply.finish == "length"
+        wave += 1
 
 
 def regenerate(
-    convs: Sequence[Conversation], model, tokenizer, output: Path, settings: GenerationSettings, meta: dict, progress: bool = True,
+    convs: Sequence[Conversation], backend: Backend, output: Path, settings: GenerationSettings, meta: dict, progress: bool = True,
     extras: Sequence[dict] | None = None,
 ) -> RegenReport:
-    """Regenerate ``convs`` into ``output`` (appending; ids already there are skipped);
-    ``extras[k]`` (keys other than id / messages / generation) go into conversation k's record."""  # fmt: skip
+    """Regenerate ``convs`` into ``output`` (appending; ids already there are skipped), a chunk
+    of ``settings.batch_size`` conversations per backend call and write; ``extras[k]`` (keys
+    other than id / messages / generation) go into conversation k's record."""  # fmt: skip
     start = time.perf_counter()
     output.parent.mkdir(parents=True, exist_ok=True)
     done = done_ids(output)
@@ -240,15 +174,14 @@ def regenerate(
             first.setdefault(prompt_key(conv), k)
         unique = [k for k in pending if first[prompt_key(convs[k])] == k]
         report.same_prompts, pending = len(pending) - len(unique), unique
-    # similar lengths share a batch: less left padding, and the waves end together
+    # similar lengths share a chunk: less left padding, and the waves end together
     todo = sorted(pending, key=lambda k: (len(convs[k]), sum(len(m["content"]) for m in convs[k])))
-    stop_ids = _stop_ids(model, tokenizer)
-    bar = tqdm(total=report.skipped_done + len(todo), initial=report.skipped_done, desc="regenerate", unit="conv", disable=not progress)
+    bar = tqdm(total=report.skipped_done + len(todo), initial=report.skipped_done, desc=f"regenerate ({backend.name})", unit="conv",
+               disable=not progress)  # fmt: skip
     with output.open("a", encoding="utf-8") as f:
         for b in range(0, len(todo), settings.batch_size):
             chunk = todo[b : b + settings.batch_size]
-            torch.manual_seed(settings.seed + b)
-            results = regenerate_batch(model, tokenizer, [convs[k] for k in chunk], settings, stop_ids, report)
+            results = regenerate_batch(backend, [convs[k] for k in chunk], settings, settings.seed + b, report)
             for k, (messages, finish) in zip(chunk, results):
                 record = (extras[k] if extras else {}) | {"id": ids[k], "messages": messages, "generation": meta | {"finish": finish}}
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -256,15 +189,37 @@ def regenerate(
             os.fsync(f.fileno())
             report.written += len(chunk)
             bar.update(len(chunk))
+            bar.set_postfix(tok_s=f"{report.new_tokens / (time.perf_counter() - start):.0f}", cut=report.stopped_by_length)
     bar.close()
     report.seconds = time.perf_counter() - start
     return report
 
 
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+def generation_meta(backend: Backend, settings: GenerationSettings) -> dict:
+    """What a record's ``generation`` says produced it (the batch size changes nothing but speed)."""
+    return {"target": str(backend.path), "engine": backend.name, **{k: v for k, v in asdict(settings).items() if k != "batch_size"}}
+
+
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    """The generator options ``trainer.regenerate`` and ``trainer.synthesize`` share."""
+    p.add_argument("--engine", default="hf", choices=ENGINES, help="hf: transformers generate (default); sglang: SGLang's offline "
+                   "engine (GPU); auto: sglang when importable and on a GPU, else hf")  # fmt: skip
+    p.add_argument("--target", default=None, help="local transformers dir (or .gguf, hf only; default: the embedded SmolLM2 target)")
+    p.add_argument("--batch-size", type=int, default=None, help="hf: prompts per generate batch (default 256 on a GPU, 16 on the "
+                   "CPU); sglang: prompts per engine call (default 2048), written per call")  # fmt: skip
+    p.add_argument("--device", default="auto", help="hf: auto | cpu | cuda | cuda:N")
+    p.add_argument("--dtype", default="auto", choices=("auto", *DTYPES), help="auto: bfloat16 on GPU, float32 on CPU (sglang: the checkpoint's)")
+    p.add_argument("--static-cache", action="store_true", help="hf: a static KV cache (prompts padded to a multiple of 64 tokens)")
+    p.add_argument("--compile", action="store_true", help="hf with --static-cache: compile the decode step (GPU)")
+    p.add_argument("--attention-backend", default="triton", help="sglang: attention kernels (default triton; fa3 needs its wheel)")
+    p.add_argument("--mem-fraction-static", type=float, default=0.8, help="sglang: GPU memory share for weights and KV cache")
+
+
+def engine_of(args: argparse.Namespace) -> tuple[EngineSettings, int]:
+    """(the engine settings the arguments name, the batch size: given or the engine's default)."""
+    engine = EngineSettings(args.engine, args.target, args.device, args.dtype, args.static_cache, args.compile,
+                            args.attention_backend, args.mem_fraction_static, args.seed)  # fmt: skip
+    return engine, args.batch_size or default_batch_size(resolve_engine(args.engine), args.device)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -276,21 +231,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--languages", nargs="+", default=["english"], help="chatterbot languages")
     p.add_argument("--split", default=None, help="hf_disk: the DatasetDict split")
     p.add_argument("--on-error", default="raise", choices=("raise", "skip"), help="malformed source records")
-    p.add_argument("--target", default=None, help="local transformers dir or .gguf (default: the embedded SmolLM2 target)")
     p.add_argument("--limit", type=int, default=None, help="regenerate the first N source conversations only")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"), help="auto: bfloat16 on GPU, float32 on CPU")
+    add_engine_arguments(p)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> RegenReport:
     args = _parser().parse_args(argv)
-    settings = GenerationSettings(args.max_new_tokens, args.temperature, args.top_p, args.batch_size, args.seed)
+    engine, batch_size = engine_of(args)
+    settings = GenerationSettings(args.max_new_tokens, args.temperature, args.top_p, batch_size, args.seed)
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
     if args.prompts is not None:
@@ -303,10 +256,12 @@ def main(argv: Sequence[str] | None = None) -> RegenReport:
         skipped = {k: v for k, v in stats.as_dict().items() if v and k in ("malformed", "no_assistant", "duplicates")}
         extras, described = None, f"source {args.format}: {stats.conversations} conversations (skipped: {skipped or 'none'})"
     convs, extras = convs[: args.limit], extras and extras[: args.limit]
-    model, tokenizer, target = open_generator(args.target, args.device, args.dtype)
-    meta = {"target": str(target), **{k: v for k, v in asdict(settings).items() if k != "batch_size"}}
-    print(f"{described}; regenerating {len(convs)} with {target}")
-    report = regenerate(convs, model, tokenizer, args.output, settings, meta, extras=extras)
+    backend = open_backend(engine)
+    try:
+        print(f"{described}; regenerating {len(convs)} with {backend.path} ({backend.name}, {batch_size} a batch)")
+        report = regenerate(convs, backend, args.output, settings, generation_meta(backend, settings), extras=extras)
+    finally:
+        backend.close()
     print(report.line())
     return report
 

@@ -17,20 +17,25 @@ batch and a restart resumes. Counts per stage are printed at the end.
     python -m trainer.synthesize --output outputs/synthetic/prompts.jsonl --n-prompts 2000 \\
         --holdout-categories computers food history money movies science sports \\
         --answer outputs/synthetic/answered.jsonl
+    python -m trainer.synthesize --engine sglang --output outputs/synthetic/prompts.jsonl --n-prompts 20000 \\
+        --answer outputs/synthetic/answered.jsonl          # on a GPU: SGLang's offline engine writes and answers
     python -m trainer data=synthetic data.sources.synthetic.path=outputs/synthetic/answered.jsonl
+
+The generator is a ``trainer.gen_backend`` backend (``--engine hf | sglang | auto`` and its
+options, shared with ``trainer.regenerate``); ``--batch-size`` jobs go to it at a time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
 from trainer.config import DataConfig, DataSourceConfig
 from trainer.data import FORMATS, read_chatterbot, read_source
-from trainer.regenerate import GenerationSettings, open_generator, prompt_conversations, record_id, regenerate
+from trainer.gen_backend import GenerationSettings, open_backend
+from trainer.regenerate import add_engine_arguments, engine_of, generation_meta, prompt_conversations, record_id, regenerate
 from trainer.sources import Holdout, chatterbot_languages_of
 from trainer.synth.filters import FilterSettings
 from trainer.synth.instructions import Example, Planner, examples_of
@@ -62,10 +67,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, type=Path, help="prompt jsonl to write (appended to; done jobs skipped)")
     p.add_argument("--n-prompts", required=True, type=int, help="prompts to keep")
     p.add_argument("--answer", type=Path, default=None, help="then answer every kept prompt with the target into this OpenAI-messages jsonl")
-    p.add_argument("--target", default=None, help="generator: local transformers dir or .gguf (default: the embedded SmolLM2 target)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
-    p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seed", type=int, default=0, help="jobs and sampling")
     p.add_argument("--temperature", type=float, default=0.9, help="prompt and follow-up writing")
     p.add_argument("--top-p", type=float, default=0.95)
@@ -85,32 +86,37 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--min-words", type=int, default=FilterSettings.min_words)
     p.add_argument("--min-ascii", type=float, default=FilterSettings.min_ascii)
     p.add_argument("--min-stopwords", type=float, default=FilterSettings.min_stopwords)
+    add_engine_arguments(p)  # the generator: --engine, --target, --batch-size (jobs per batch), ...
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> SynthReport:
     args = _parser().parse_args(argv)
-    writer = GenerationSettings(args.max_new_tokens, args.temperature, args.top_p, args.batch_size, args.seed)
-    answer = GenerationSettings(args.answer_max_new_tokens, 0.0, 1.0, args.batch_size, args.seed)
+    engine, batch_size = engine_of(args)
+    writer = GenerationSettings(args.max_new_tokens, args.temperature, args.top_p, batch_size, args.seed)
+    answer = GenerationSettings(args.answer_max_new_tokens, 0.0, 1.0, batch_size, args.seed)
     filters = FilterSettings(args.min_chars, args.max_chars, args.min_words, args.min_ascii, args.min_stopwords)
     settings = SynthSettings(args.n_prompts, writer, answer, filters, args.max_jobs)
     pool, known, split = source_side(args)
     categories = {k: v for k, v in CATEGORIES.items() if k not in set(args.holdout_categories or ())}
     planner = Planner(categories, pool, args.seed, args.shots, args.follow_up_fraction)
-    model, tokenizer, target = open_generator(args.target, args.device, args.dtype)
-    meta = {"generator": str(target), "seed": args.seed, "temperature": args.temperature, "top_p": args.top_p,
-            "source": args.path or args.format, "split": split}  # fmt: skip
-    print(f"source {args.path or args.format}: {len(pool)} training prompts as examples, {len(known)} prompts to deduplicate against "
-          f"(split: {split}); {len(categories)} categories; generator {target}")  # fmt: skip
-    report = Synthesizer(model, tokenizer, planner, settings, known, meta).run(args.output)
-    print(report.line())
-    print(json.dumps(report.as_dict()))
-    if report.kept < args.n_prompts:
-        print(f"WARNING: {report.kept} of {args.n_prompts} prompts kept within {settings.job_cap} jobs (--max-jobs)")
-    if args.answer is not None:
-        convs, extras = prompt_conversations(args.output)
-        answered = regenerate(convs, model, tokenizer, args.answer, answer, {"target": str(target), **{k: v for k, v in asdict(answer).items() if k != "batch_size"}}, extras=extras)
-        print(answered.line())
+    backend = open_backend(engine)
+    try:
+        meta = {"generator": str(backend.path), "engine": backend.name, "seed": args.seed, "temperature": args.temperature,
+                "top_p": args.top_p, "source": args.path or args.format, "split": split}  # fmt: skip
+        print(f"source {args.path or args.format}: {len(pool)} training prompts as examples, {len(known)} prompts to deduplicate "
+              f"against (split: {split}); {len(categories)} categories; generator {backend.path} ({backend.name}, {batch_size} a batch)")  # fmt: skip
+        report = Synthesizer(backend, planner, settings, known, meta).run(args.output)
+        print(report.line())
+        print(json.dumps(report.as_dict()))
+        if report.kept < args.n_prompts:
+            print(f"WARNING: {report.kept} of {args.n_prompts} prompts kept within {settings.job_cap} jobs (--max-jobs)")
+        if args.answer is not None:
+            convs, extras = prompt_conversations(args.output)
+            answered = regenerate(convs, backend, args.answer, answer, generation_meta(backend, answer), extras=extras)
+            print(answered.line())
+    finally:
+        backend.close()
     return report
 
 

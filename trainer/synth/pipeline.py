@@ -6,8 +6,9 @@ format (``turns``) plus ``synthetic`` metadata; ``<output>.rejected.jsonl`` the 
 with the stage that dropped them. A job's id is ``synth-<index>``; a restart cuts a torn last
 line of either file (``trainer.regenerate.done_ids``), skips every job id already in one of
 them, re-indexes the kept prompts for near-duplicate search and counts on from the files.
-Sampling is seeded per batch (seed + first job index), so a resumed run is not bit-identical
-to an uninterrupted one. Only text is cached; hidden states never are.
+Sampling is seeded per batch (seed + first job index; with SGLang once, at engine start), so a
+resumed run is not bit-identical to an uninterrupted one. Generation goes through a
+``trainer.gen_backend`` backend (transformers or SGLang). Only text is cached; hidden states never are.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-import torch
 from tqdm import tqdm
 
 from trainer.data.dedup import NearDupIndex
-from trainer.regenerate import GenerationSettings, _stop_ids, done_ids, generate_replies
+from trainer.gen_backend import Backend, GenerationSettings, generate_chats
+from trainer.regenerate import done_ids
 from trainer.synth.filters import STAGES, FilterSettings, clean, echoes, rejection
 from trainer.synth.instructions import Job, Planner, follow_up_request, job_id
 
@@ -60,6 +61,10 @@ class SynthReport:
     seconds: float = 0.0  # this run
 
     @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+    @property
     def generated(self) -> int:
         return self.kept + sum(self.dropped.values())
 
@@ -72,7 +77,7 @@ class SynthReport:
         drops = ", ".join(f"{s} {self.dropped[s]}" for s in (*STAGES, *DUP_STAGES))
         return (f"{self.generated} prompts generated ({self.resumed} jobs done by an earlier run); dropped: {drops}; "
                 f"kept {self.kept} ({self.follow_ups} with a follow-up turn, {self.follow_ups_dropped} follow-ups dropped); "
-                f"{self.new_tokens} new tokens in {self.seconds:.1f} s")  # fmt: skip
+                f"{self.new_tokens} new tokens in {self.seconds:.1f} s ({self.tokens_per_s:.1f} tokens/s)")  # fmt: skip
 
 
 def rejected_path(output: Path) -> Path:
@@ -92,21 +97,19 @@ def _append(path: Path, records: Sequence[dict]) -> None:
 
 
 class Synthesizer:
-    """Owns the generator, the plan, the near-duplicate index and the output files."""
+    """Owns the generation backend, the plan, the near-duplicate index and the output files."""
 
-    def __init__(self, model, tokenizer, planner: Planner, settings: SynthSettings, source_prompts: Sequence[tuple[str, str]], meta: dict):
-        self.model, self.tokenizer, self.planner, self.settings, self.meta = model, tokenizer, planner, settings, meta
-        self.stop_ids = _stop_ids(model, tokenizer)
+    def __init__(self, backend: Backend, planner: Planner, settings: SynthSettings, source_prompts: Sequence[tuple[str, str]], meta: dict):
+        self.backend, self.planner, self.settings, self.meta = backend, planner, settings, meta
         self.index = NearDupIndex()
         for key, text in source_prompts:  # every user turn of the source, training and held-out side
             self.index.add(SOURCE_PREFIX + key, text)
         self.report = SynthReport()
 
     def _generate(self, chats: list[list[dict]], settings: GenerationSettings, seed: int) -> list[tuple[str, bool]]:
-        torch.manual_seed(seed)
-        replies = generate_replies(self.model, self.tokenizer, chats, settings, self.stop_ids)
-        self.report.new_tokens += sum(n for _, _, n in replies)
-        return [(text, stopped) for text, stopped, _ in replies]
+        replies = generate_chats(self.backend, chats, settings, seed)
+        self.report.new_tokens += sum(r.new_tokens for r in replies)
+        return [(r.text, r.finish == "stop") for r in replies]
 
     def _judge(self, text: str, finished: bool) -> tuple[str | None, str | None]:
         """(stage that drops ``text`` or None, the near-duplicate's key)."""
@@ -181,7 +184,8 @@ class Synthesizer:
             before = self.report.kept
             self.run_batch(jobs, output)
             bar.update(self.report.kept - before)
-            bar.set_postfix(tried=self.report.generated, dropped=sum(self.report.dropped.values()))
+            rate = self.report.new_tokens / (time.perf_counter() - start)
+            bar.set_postfix(tried=self.report.generated, dropped=sum(self.report.dropped.values()), tok_s=f"{rate:.0f}")
         bar.close()
         self.report.seconds = time.perf_counter() - start
         return self.report

