@@ -7,6 +7,8 @@
 #   launch/device_run.sh setup-gguf GGUF_PART_DIR                          # last part(s); joins and checks the GGUF
 #   launch/device_run.sh bg NAME GPU COMMAND...     # COMMAND on one GPU in the background (survives the call)
 #   launch/device_run.sh collect                    # job states + results (/tmp/res) into $OUT
+#   launch/device_run.sh recipe CORPORA_DIR         # the H200 quality recipe: SGLang generation, training, tau
+#   launch/device_run.sh baseline CORPORA_DIR       # the embedded default recipe, tau on the same held-out files
 #
 # Wheels: deepspeed (built with `pip wheel --no-deps deepspeed==0.19.8`), hydra-core,
 # omegaconf, antlr4-python3-runtime, wandb and its needs, chatterbot-corpus. SGLang's set
@@ -55,6 +57,24 @@ collect)
      --exclude='*.safetensors' --exclude='wandb' --exclude='*.pt' .)
   ls -la "$OUT"
   ;;
+recipe)
+  # the target answers the training prompts (SGLang), the draft trains online for 540 s (engine=sglang),
+  # then SGLang serves the export and reports tau on each held-out file (6- and 3-token chains)
+  c=$2 r=/tmp/res/recipe; mkdir -p $r
+  python3 -m trainer.regenerate --engine sglang --prompts "$c"/train_prompts.jsonl.gz --output $r/answered.jsonl \
+    --max-new-tokens 256 2>&1 | tr '\r' '\n' | grep -v "it/s\]$" | tee $r/regenerate.log | tail -3
+  python3 -m trainer +experiment=h200_quality engine=sglang data.sources.openai.path=$r/answered.jsonl \
+    trainer.eval_prompts_file="$c"/heldout_sharegpt.jsonl trainer.eval_prompts=16 hydra.run.dir=$r/run 2>&1 \
+    | tr '\r' '\n' | grep -v "it/s\]$" > $r/train.log; tail -30 $r/train.log
+  python3 -m serving.sglang_eval $r/run/export/sglang --prompts "$c"/heldout_sharegpt.jsonl "$c"/heldout_codeio.jsonl \
+    "$c"/heldout_evals.jsonl --k 6 3 --max-new-tokens 128 --json $r/tau.json 2>&1 | tee $r/tau.log | grep "tau ="
+  ;;
+baseline)
+  c=$2 r=/tmp/res/baseline; mkdir -p $r
+  python3 -m trainer hydra.run.dir=$r/run 2>&1 | tr '\r' '\n' | grep -v "it/s\]$" > $r/train.log; tail -5 $r/train.log
+  python3 -m serving.sglang_eval $r/run/export/sglang --prompts "$c"/heldout_sharegpt.jsonl "$c"/heldout_codeio.jsonl \
+    "$c"/heldout_evals.jsonl --k 6 3 --max-new-tokens 128 --json $r/tau.json 2>&1 | tee $r/tau.log | grep "tau ="
+  ;;
 *)
-  echo "usage: $0 setup-sglang|setup-deps|setup-gguf|bg|collect ..." >&2; exit 2 ;;
+  echo "usage: $0 setup-sglang|setup-deps|setup-gguf|bg|collect|recipe|baseline ..." >&2; exit 2 ;;
 esac
