@@ -145,24 +145,22 @@ def draft_weights(trainer) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 def test_the_colocated_trainer_holds_no_target_model_and_trains_as_inprocess(tmp_path):
+    """The same run in both modes: the colocated trainer process reaches no transformers model,
+    and its evaluations, speculative decoding and draft weights equal the inprocess run's."""
     from trainer.loop import Trainer
 
-    steps = ("trainer.max_steps=2", "trainer.eval_batches=1", "trainer.log_every=1")
     runs = {}
     for mode in ("inprocess", "colocated"):
-        trainer = Trainer(tiny_config(*steps, f"engine.mode={mode}"), tmp_path / mode)
-        models = [o for o in reachable(trainer) if isinstance(o, PreTrainedModel)]
-        try:
-            untrained = trainer.evaluate()
-            trainer._train(None)
-        finally:
-            trainer.target_source.close()
-        runs[mode] = (models, untrained, draft_weights(trainer), trainer.target.head.info)
-    assert "LlamaForCausalLM" in {type(m).__name__ for m in runs["inprocess"][0]}  # the walk does find a held model
-    assert runs["colocated"][0] == []
-    assert runs["colocated"][1] == runs["inprocess"][1] and runs["colocated"][3] == runs["inprocess"][3]
-    inproc, coloc = runs["inprocess"][2], runs["colocated"][2]
-    assert inproc.keys() == coloc.keys() and all(torch.equal(inproc[k], coloc[k]) for k in inproc)
+        trainer = Trainer(tiny_config("trainer.max_steps=2", "trainer.eval_batches=1", f"engine.mode={mode}"), tmp_path / mode)
+        models = {type(o).__name__ for o in reachable(trainer) if isinstance(o, PreTrainedModel)}
+        summary = trainer.fit()
+        runs[mode] = (models, summary, draft_weights(trainer))
+    (inproc_models, inproc, inproc_weights), (coloc_models, coloc, coloc_weights) = runs["inprocess"], runs["colocated"]
+    assert "LlamaForCausalLM" in inproc_models and coloc_models == set()  # the walk finds a held model when there is one
+    assert inproc["serve_eval"] == "the in-process target" and coloc["serve_eval"].startswith("the target loaded for the eval")
+    assert "eval/accept_len" in coloc["eval"] and coloc["eval"] == inproc["eval"]
+    assert coloc["untrained_eval_sim_accept_len"] == inproc["untrained_eval_sim_accept_len"]
+    assert inproc_weights.keys() == coloc_weights.keys() and all(torch.equal(inproc_weights[k], coloc_weights[k]) for k in inproc_weights)
 
 
 def test_the_eval_target_is_loaded_for_the_eval_only_and_freed(tmp_path, capsys):
