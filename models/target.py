@@ -26,7 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel  # noqa: E402
 
 from models.attention import document_causal_mask  # noqa: E402
 from trainer.batch import FeatureBatch, TokenBatch  # noqa: E402
@@ -72,7 +72,7 @@ class TargetInfo:
     source: str  # where it was loaded from ("<in-memory>" for a model handed in)
 
     @classmethod
-    def of(cls, architecture: str, text_config, vocab_size: int, aux_layer_ids, source: str) -> "TargetInfo":
+    def of(cls, architecture: str, text_config: PretrainedConfig, vocab_size: int, aux_layer_ids, source: str) -> "TargetInfo":
         """The facts of a target from its text model's transformers config (a multimodal
         config's ``get_text_config()``); ``aux_layer_ids`` None: the default ids."""
         num_layers = text_config.num_hidden_layers

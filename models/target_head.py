@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import transformers
 from safetensors import safe_open
 from torch import Tensor
-import transformers
 from transformers import CONFIG_MAPPING, AutoConfig, PretrainedConfig
 
 from models.target import HFTargetEngine, TargetInfo, load_tokenizer

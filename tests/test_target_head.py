@@ -184,3 +184,15 @@ def test_the_eval_target_is_loaded_for_the_eval_only_and_freed(tmp_path, capsys)
     assert not out["decoded"] and "over trainer.serve_eval_max_gb=1e-06" in out["serve_eval"] and held[-1] is None
     out = with_eval_target(target, TrainConfig(serve_eval=False), torch.device("cpu"), torch.float32, run)
     assert not out["decoded"] and out["serve_eval"].startswith("off")
+
+
+def test_the_engine_process_must_build_the_target_the_head_describes(tmp_path):
+    from trainer.stream import TargetSource
+    from trainer.target_factory import PathTarget
+
+    saved_llama(tmp_path / "m")
+    head = TargetHead.from_path(tmp_path / "m", aux_layer_ids=[0, 2, 4])  # the engine builds the default ids (1, 3, 4)
+    settings = types.SimpleNamespace(mode="colocated", slots=2, slot_tokens=64, start_timeout_s=120.0)
+    with TargetSource(PathTarget(str(tmp_path / "m")), info=head.info) as source:
+        with pytest.raises(ValueError, match=r"built a different target than the trainer's: aux_layer_ids: trainer \(0, 2, 4\), engine \(1, 3, 4\)"):
+            source.colocated(settings, "cpu")

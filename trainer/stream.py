@@ -207,7 +207,7 @@ class TargetSource:
 
     def __init__(self, factory: TargetFactory, engine: FeatureEngine | None = None, info=None):
         self.factory, self._engine = factory, engine
-        self._info = info if info is not None else getattr(engine, "info", None)
+        self._info = info
         self._process: EngineProcess | None = None
 
     def inprocess(self, device: torch.device) -> FeatureEngine:
