@@ -184,6 +184,8 @@ def test_the_eval_target_is_loaded_for_the_eval_only_and_freed(tmp_path, capsys)
     assert not out["decoded"] and "over trainer.serve_eval_max_gb=1e-06" in out["serve_eval"] and held[-1] is None
     out = with_eval_target(target, TrainConfig(serve_eval=False), torch.device("cpu"), torch.float32, run)
     assert not out["decoded"] and out["serve_eval"].startswith("off")
+    with pytest.raises(ValueError, match="config trainer.serve_eval_max_gb: must be positive"):
+        TrainConfig(serve_eval_max_gb=0)
 
 
 def test_the_engine_process_must_build_the_target_the_head_describes(tmp_path):
