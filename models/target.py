@@ -26,7 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel  # noqa: E402
 
 from models.attention import document_causal_mask  # noqa: E402
 from trainer.batch import FeatureBatch, TokenBatch  # noqa: E402
@@ -70,6 +70,18 @@ class TargetInfo:
     vocab_size: int  # rows of the lm_head
     aux_layer_ids: tuple[int, ...]
     source: str  # where it was loaded from ("<in-memory>" for a model handed in)
+
+    @classmethod
+    def of(cls, architecture: str, text_config: PretrainedConfig, vocab_size: int, aux_layer_ids, source: str) -> "TargetInfo":
+        """The facts of a target from its text model's transformers config (a multimodal
+        config's ``get_text_config()``); ``aux_layer_ids`` None: the default ids."""
+        num_layers = text_config.num_hidden_layers
+        ids = default_aux_layer_ids(num_layers) if aux_layer_ids is None else aux_layer_ids
+        return cls(
+            architecture=architecture, model_type=text_config.model_type, num_layers=num_layers,
+            hidden_size=text_config.hidden_size, vocab_size=vocab_size, aux_layer_ids=tuple(check_aux_layer_ids(ids, num_layers)),
+            source=source,
+        )  # fmt: skip
 
 
 def _decoder_layers(model: PreTrainedModel, architecture: str) -> tuple[nn.Module, nn.ModuleList]:
@@ -126,12 +138,9 @@ class HFTargetEngine:
     ):
         architecture = _architecture(model)
         self._body, self._layers = _decoder_layers(model, architecture)
-        num_layers = model.config.num_hidden_layers
+        num_layers = model.config.get_text_config().num_hidden_layers
         if len(self._layers) < num_layers:
             raise ValueError(f"{architecture}: config says {num_layers} layers, body has {len(self._layers)}")
-        ids = default_aux_layer_ids(num_layers) if aux_layer_ids is None else aux_layer_ids
-        ids = check_aux_layer_ids(ids, num_layers)
-
         if model.get_output_embeddings() is None:
             raise ValueError(f"{architecture} has no lm_head: the target must be a causal LM")
         first = next(model.parameters())
@@ -140,15 +149,7 @@ class HFTargetEngine:
         self.model = model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
         self.embed_weight = model.get_input_embeddings().weight.detach()  # [V, H]
         self.lm_head_weight = model.get_output_embeddings().weight.detach()  # [V, H] (tied: same tensor)
-        self.info = TargetInfo(
-            architecture=architecture,
-            model_type=model.config.model_type,
-            num_layers=num_layers,
-            hidden_size=model.config.hidden_size,
-            vocab_size=self.lm_head_weight.shape[0],
-            aux_layer_ids=tuple(ids),
-            source=source,
-        )
+        self.info = TargetInfo.of(architecture, model.config.get_text_config(), self.lm_head_weight.shape[0], aux_layer_ids, source)
 
     @classmethod
     def from_path(

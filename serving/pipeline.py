@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from models.draft import Eagle3Draft
+from models.target import TargetInfo
 from models.vocab_map import VocabMap
 from serving.eval import evaluate_export
 from serving.export import export_both
@@ -22,7 +23,8 @@ from serving.verify import format_report, verify_export
 def export_verify_eval(
     draft: Eagle3Draft,
     vocab: VocabMap,
-    target_engine,
+    info: TargetInfo,
+    target_model,
     tokenizer,
     prompts: list[PromptSpec],
     out_dir: str | os.PathLike,
@@ -36,17 +38,17 @@ def export_verify_eval(
 ) -> dict:
     """Export ``draft`` for SGLang and vLLM under ``out_dir``, verify both, evaluate the SGLang one.
 
-    ``target_engine`` is an ``HFTargetEngine`` (its ``model`` runs the verification forwards;
-    its ``info`` names the architecture, layer count and the aux ids the draft was trained
-    on); ``target_dir`` is its transformers dir for the verifier's target checks (None: the
-    export's provenance is used). A verification problem raises ValueError with the problem
-    table when ``strict``; otherwise it is counted in ``eval/verify_problems``.
+    ``info`` names the target's architecture, layer count and the aux ids the draft was
+    trained on; ``target_model`` (a transformers causal LM) runs the verification forwards,
+    None skips the speculative decoding (export and verify only); ``target_dir`` is the
+    target's transformers dir for the verifier's target checks (None: the export's provenance
+    is used). A verification problem raises ValueError with the problem table when
+    ``strict``; otherwise it is counted in ``eval/verify_problems``.
 
     Returns the wandb-ready metrics (``eval/accept_len``, ``eval/accept_rate_{i}``,
-    ``eval/cond_accept_rate_{i}``, ``eval/verify_problems``) plus ``export_dirs``,
-    ``verify`` (the printed reports) and ``eval_wall_s``.
+    ``eval/cond_accept_rate_{i}`` when decoded; ``eval/verify_problems``) plus ``export_dirs``,
+    ``verify`` (the printed reports) and ``eval_wall_s`` (0 when not decoded).
     """
-    info = target_engine.info
     dirs = export_both(
         out_dir, draft, vocab, aux_layer_ids=list(info.aux_layer_ids), norm_output=norm_output, dtype=dtype,
         target_architecture=info.architecture, target_num_layers=info.num_layers, num_speculative_tokens=k,
@@ -56,11 +58,11 @@ def export_verify_eval(
     problems = sum(len(r.problems) for r in reports.values())
     if problems and strict:
         raise ValueError("exported draft fails verification:\n" + "\n".join(format_report(r) for r in reports.values()))
-    result = evaluate_export(dirs["sglang"], target_engine.model, tokenizer, prompts, k, max_new_tokens)
+    result = evaluate_export(dirs["sglang"], target_model, tokenizer, prompts, k, max_new_tokens) if target_model is not None else None
     return {
-        **result.metrics("eval"),
+        **(result.metrics("eval") if result is not None else {}),
         "eval/verify_problems": float(problems),
-        "eval_wall_s": result.wall_s,
+        "eval_wall_s": result.wall_s if result is not None else 0.0,
         "export_dirs": {engine: str(Path(p)) for engine, p in dirs.items()},
         "verify": {engine: format_report(r) for engine, r in reports.items()},
     }

@@ -222,12 +222,14 @@ def test_export_verify_eval_for_the_training_loop(target, fitted_draft, tmp_path
     engine, tokenizer, path = target
     draft, vocab = fitted_draft
     prompts = [PromptSpec(({"role": "user", "content": q},)) for q in QUESTIONS[:2]]
-    metrics = export_verify_eval(draft, vocab, engine, tokenizer, prompts, tmp_path / "export", norm_output=False, k=K,
-                                 max_new_tokens=16, target_dir=path)  # fmt: skip
+    metrics = export_verify_eval(draft, vocab, engine.info, engine.model, tokenizer, prompts, tmp_path / "export", norm_output=False,
+                                 k=K, max_new_tokens=16, target_dir=path)  # fmt: skip
     assert metrics["eval/verify_problems"] == 0 and metrics["eval/accept_len"] > 1.5
     assert [f"eval/accept_rate_{i}" in metrics for i in range(K)] == [True] * K
     assert sorted(p.name for p in (tmp_path / "export").iterdir()) == ["sglang", "vllm"]
     assert metrics["verify"]["vllm"].startswith("OK")
     with pytest.raises(ValueError, match="2 aux layer ids"):  # a draft the engines cannot serve never gets evaluated
         other_ids = HFTargetEngine(engine.model, aux_layer_ids=[1, 14])  # the same model, two aux layers
-        export_verify_eval(draft, vocab, other_ids, tokenizer, prompts, tmp_path / "bad", norm_output=False)
+        export_verify_eval(draft, vocab, other_ids.info, other_ids.model, tokenizer, prompts, tmp_path / "bad", norm_output=False)
+    unevaluated = export_verify_eval(draft, vocab, engine.info, None, tokenizer, prompts, tmp_path / "plain", norm_output=False, k=K, target_dir=path)
+    assert unevaluated["eval/verify_problems"] == 0 and "eval/accept_len" not in unevaluated and unevaluated["verify"]["sglang"].startswith("OK")

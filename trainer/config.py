@@ -200,6 +200,8 @@ class TrainConfig:
     eval_prompts_file: Optional[str] = None  # a prompt jsonl (serving/prompts.py) instead of the held-out conversations
     spec_tokens: int = 5  # draft tokens a speculative step proposes (chain), at evaluation and in the exports
     eval_max_new_tokens: int = 64  # tokens generated per held-out prompt at evaluation
+    serve_eval: bool = True  # decode the held-out prompts speculatively at each export; false: export + verify only
+    serve_eval_max_gb: Optional[float] = 64.0  # colocated: a target checkpoint larger than this is not loaded for that eval (null: no limit)
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 1, "trainer.epochs", "must be >= 1")
@@ -209,6 +211,7 @@ class TrainConfig:
         _require(self.eval_prompts >= 1, "trainer.eval_prompts", "must be >= 1")
         _require(self.spec_tokens >= 1, "trainer.spec_tokens", "must be >= 1")
         _require(self.eval_max_new_tokens >= 1, "trainer.eval_max_new_tokens", "must be >= 1")
+        _require(self.serve_eval_max_gb is None or self.serve_eval_max_gb > 0, "trainer.serve_eval_max_gb", "must be positive (null: no limit)")
         bad = sorted(set(self.resume_allow) - {"data", "schedule"})
         _require(not bad, "trainer.resume_allow", f"{bad} cannot change on resume (allowed: data, schedule)")
         _require(self.max_steps is None or self.max_steps >= 1, "trainer.max_steps", "must be >= 1")

@@ -24,7 +24,7 @@ from serving.prompts import PromptSpec, prompts_from_conversations, read_prompt_
 from trainer.dist import Parallel, init_parallel, resolve_device
 from trainer.report import REPORT_DIR, REPORT_FILE, format_summary, write_report
 from trainer.schedule import lr_factor
-from trainer.sources import PreparedData, TargetBundle, load_target, prepare_data, target_recipe, train_batcher
+from trainer.sources import PreparedData, TargetBundle, load_target, prepare_data, target_recipe, train_batcher, with_eval_target
 from trainer.stream import TargetSource, open_feature_stream
 from trainer.ttt import TTTObjective, TTTOutput, simulated_accept_length, target_labels
 
@@ -103,10 +103,10 @@ class Trainer:
         self.par = par or init_parallel(resolve_device(cfg.trainer.device))
         torch.manual_seed(cfg.trainer.seed)
         self.dtype = _dtype(cfg.target.dtype, self.par.device)
-        self.target: TargetBundle = load_target(cfg.target, self.par.device, self.dtype)
-        ids = tuple(self.target.engine.info.aux_layer_ids)
-        self.target_source = TargetSource(target_recipe(cfg, ids, self.dtype, self.par), engine=self.target.engine)
-        self.data = prepare_data(cfg.data, self.target.tokenizer, cfg.trainer.seed)
+        self.target: TargetBundle = load_target(cfg.target, cfg.engine.mode, self.par.device, self.dtype)
+        info = self.target.head.info
+        self.target_source = TargetSource(target_recipe(cfg, info.aux_layer_ids, self.dtype, self.par), engine=self.target.engine, info=info)
+        self.data = prepare_data(cfg.data, self.target.head.tokenizer, cfg.trainer.seed)
         self.loader = self.data.train_loader(train_batcher(cfg.data, self.target.pad_id), self.par.rank, self.par.world)
         self.eval_samples = self.data.eval_samples()
         self.prompts, self.prompt_origin = eval_prompt_set(cfg, self.data)
@@ -126,15 +126,15 @@ class Trainer:
 
     def _vocab_map(self, samples: list[EncodedSample]) -> VocabMap:
         pairs = ((torch.tensor(s.input_ids), torch.tensor(s.loss_mask)) for s in samples)
-        counts = count_tokens(pairs, self.target.engine.info.vocab_size)
+        counts = count_tokens(pairs, self.target.head.info.vocab_size)
         return build_vocab_map(counts, self.cfg.draft.vocab_size)
 
     def _deepspeed_engine(self):
         import deepspeed
 
-        cfg, info = self.cfg, self.target.engine.info
-        draft = Eagle3Draft(draft_shape_for(self.target.engine.model.config, len(info.aux_layer_ids), cfg.draft.vocab_size))
-        draft.init_from_target(self.target.engine.embed_weight.float().cpu(), self.target.engine.lm_head_weight.float().cpu(), self.vocab.draft_to_target)
+        cfg, head = self.cfg, self.target.head
+        draft = Eagle3Draft(draft_shape_for(head.config, len(head.info.aux_layer_ids), cfg.draft.vocab_size))
+        draft.init_from_target(head.embed_weight.float().cpu(), head.lm_head_weight.float().cpu(), self.vocab.draft_to_target)
         objective = TTTObjective(draft, cfg.draft.ttt_steps, cfg.draft.step_decay, cfg.draft.norm_output)
         params = [p for p in objective.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=cfg.schedule.lr, betas=tuple(cfg.schedule.betas), weight_decay=cfg.schedule.weight_decay, fused=False, foreach=False)
@@ -148,7 +148,7 @@ class Trainer:
 
     def fingerprint(self, vocab: VocabMap) -> dict:
         """What a checkpoint was trained on; a resume compares it (trainer.resume_allow)."""
-        info, cfg = self.target.engine.info, self.cfg
+        info, cfg = self.target.head.info, self.cfg
         return {
             "target": {"architecture": info.architecture, "layers": info.num_layers, "hidden": info.hidden_size,
                        "vocab": info.vocab_size, "aux_layer_ids": list(info.aux_layer_ids)},
@@ -210,7 +210,7 @@ class Trainer:
         return min(total, self.cfg.trainer.max_steps) if self.cfg.trainer.max_steps else total
 
     def _forward(self, fb: FeatureBatch) -> TTTOutput:
-        labels = target_labels(fb.final, self.target.engine.lm_head_weight, self.draft_to_target, self.t2d)
+        labels = target_labels(fb.final, self.target.head.lm_head_weight, self.draft_to_target, self.t2d)
         t = fb.tokens
         return self.engine(t.input_ids, t.loss_mask, t.lengths, fb.aux, labels, self.draft_to_target, t.doc_ids)
 
@@ -252,19 +252,23 @@ class Trainer:
 
     def serve_eval(self) -> dict:
         """Export for SGLang and vLLM, verify both, and decode the held-out prompts speculatively
-        with the SGLang export loaded back from disk (rank 0; ZeRO-3 gathers first). Every rank
-        gets the result."""
+        with the SGLang export loaded back from disk against the whole target (rank 0; ZeRO-3
+        gathers first; ``with_eval_target`` says when the target is loaded for it). Every rank gets the result."""
         import deepspeed
 
-        draft, result = self.engine.module.draft, [None]
+        draft, result, head = self.engine.module.draft, [None], self.target.head
         with deepspeed.zero.GatheredParameters(list(draft.parameters()), enabled=self.cfg.deepspeed.zero_stage == 3):
             if self.par.is_main:
-                source = Path(self.target.engine.info.source)
-                result[0] = export_verify_eval(
-                    draft, self.vocab, self.target.engine, self.target.tokenizer, self.prompts, self.run_dir / "export",
-                    norm_output=self.cfg.draft.norm_output, k=self.cfg.trainer.spec_tokens,
-                    max_new_tokens=self.cfg.trainer.eval_max_new_tokens, target_dir=source if source.is_dir() else None,
-                )  # fmt: skip
+                source = self.target.path
+
+                def run(model) -> dict:
+                    return export_verify_eval(
+                        draft, self.vocab, head.info, model, head.tokenizer, self.prompts, self.run_dir / "export",
+                        norm_output=self.cfg.draft.norm_output, k=self.cfg.trainer.spec_tokens,
+                        max_new_tokens=self.cfg.trainer.eval_max_new_tokens, target_dir=source if source.is_dir() else None,
+                    )  # fmt: skip
+
+                result[0] = with_eval_target(self.target, self.cfg.trainer, self.par.device, self.dtype, run)
         torch.distributed.broadcast_object_list(result, src=0)
         return result[0]
 
@@ -398,6 +402,7 @@ class Trainer:
             "nonfinite_skipped": self.nonfinite,
             "checkpoint": str(ckpt.latest(self.ckpt_root)),
             "export_dir": served["export_dirs"]["sglang"],
+            "serve_eval": served["serve_eval"],
             "export_dirs": served["export_dirs"],
             "verify": served["verify"],
             "data": self.data.report(),

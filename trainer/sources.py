@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
-from typing import Sequence
+from pathlib import Path
+from typing import Callable, Sequence
 
 import torch
 
 from models.embedded import embedded_target_dir
 from models.target import HFTargetEngine, load_tokenizer
+from models.target_head import TargetHead, checkpoint_bytes
 from serving.sglang_preflight import check_target
-from trainer.config import Config, DataConfig, DataSourceConfig, EngineConfig, TargetConfig
+from trainer.config import Config, DataConfig, DataSourceConfig, EngineConfig, TargetConfig, TrainConfig
 from trainer.data import (
     Batcher,
     Conversation,
@@ -35,19 +38,57 @@ from trainer.target_factory import PathTarget, SGLangTarget, TargetFactory
 
 @dataclass
 class TargetBundle:
-    engine: HFTargetEngine
-    tokenizer: object
+    """The target as the trainer process holds it: its head (tokenizer, config, embedding,
+    lm_head) always; the whole model only when it runs in this process (``engine.mode=inprocess``)."""
+
+    head: TargetHead
+    engine: HFTargetEngine | None  # inprocess: the loaded target (the head shares its tensors); colocated: None
     pad_id: int
+    path: Path  # local transformers dir or .gguf file
 
 
-def load_target(cfg: TargetConfig, device: torch.device, dtype: torch.dtype) -> TargetBundle:
-    path = cfg.path if cfg.path is not None else embedded_target_dir()
-    engine = HFTargetEngine.from_path(path, aux_layer_ids=cfg.aux_layer_ids, device=device, dtype=dtype)
-    tokenizer = load_tokenizer(path)
+def load_target(cfg: TargetConfig, mode: str, device: torch.device, dtype: torch.dtype) -> TargetBundle:
+    """``mode`` inprocess: load the whole target here; colocated (and so sglang): read its head
+    from the checkpoint by tensor name, never a decoder layer (the target runs in the engine process)."""
+    path = Path(cfg.path).expanduser() if cfg.path is not None else embedded_target_dir()
+    if mode == "inprocess":
+        engine = HFTargetEngine.from_path(path, aux_layer_ids=cfg.aux_layer_ids, device=device, dtype=dtype)
+        head = TargetHead.of_engine(engine, load_tokenizer(path))
+    else:
+        engine, head = None, TargetHead.from_path(path, cfg.aux_layer_ids, device, dtype)
+    tokenizer = head.tokenizer
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad_id is None:
         raise ValueError(f"target {path}: tokenizer has neither a pad nor an eos token")
-    return TargetBundle(engine=engine, tokenizer=tokenizer, pad_id=pad_id)
+    return TargetBundle(head=head, engine=engine, pad_id=pad_id, path=path)
+
+
+def with_eval_target(target: TargetBundle, cfg: TrainConfig, device: torch.device, dtype: torch.dtype, run: Callable[[object], dict]) -> dict:
+    """``run(model)`` for one serving eval, ``model`` the whole target (a transformers causal LM)
+    or None, plus ``serve_eval``: which it was and why.
+
+    inprocess: the trainer's own target. Colocated: loaded for this eval only and freed when
+    ``run`` returns; not loaded (None) when ``trainer.serve_eval`` is off or the checkpoint is
+    over ``trainer.serve_eval_max_gb``."""
+    if not cfg.serve_eval:
+        return run(None) | {"serve_eval": "off (trainer.serve_eval=false): exported and verified only"}
+    if target.engine is not None:
+        return run(target.engine.model) | {"serve_eval": "the in-process target"}
+    gb = checkpoint_bytes(target.path) / 1e9
+    if cfg.serve_eval_max_gb is not None and gb > cfg.serve_eval_max_gb:
+        why = (f"skipped: the target checkpoint {target.path} is {gb:.1f} GB, over trainer.serve_eval_max_gb={cfg.serve_eval_max_gb:g} "
+               "(raise it, or null for no limit, to load the target for the eval); exported and verified only")  # fmt: skip
+        print(f"serving eval {why}")
+        return run(None) | {"serve_eval": why}
+    print(f"serving eval: loading the whole target {target.path} ({gb:.1f} GB) on {device} for this eval; freed after it")
+    engine = HFTargetEngine.from_path(target.path, aux_layer_ids=target.head.info.aux_layer_ids, device=device, dtype=dtype)
+    try:
+        return run(engine.model) | {"serve_eval": f"the target loaded for the eval ({gb:.1f} GB), then freed"}
+    finally:
+        del engine
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def sglang_recipe(target: TargetConfig, engine: EngineConfig, ids: Sequence[int], dtype: torch.dtype, local_rank: int) -> SGLangTarget:

@@ -200,11 +200,14 @@ class TargetSource:
     (``PathTarget``, ``RandomTarget``); ``engine`` is the trainer's own target for the
     ``inprocess`` mode (built from ``factory`` on first use when not given). The engine
     process of the ``colocated`` mode is started by the first colocated stream and serves
-    every later one (epochs, evaluations); ``close()`` stops it.
+    every later one (epochs, evaluations); ``close()`` stops it. ``info`` is the target the
+    trainer assumes (a ``TargetHead``'s, when it holds no engine; default: ``engine``'s): the
+    engine process must have built the same one.
     """
 
-    def __init__(self, factory: TargetFactory, engine: FeatureEngine | None = None):
+    def __init__(self, factory: TargetFactory, engine: FeatureEngine | None = None, info=None):
         self.factory, self._engine = factory, engine
+        self._info = info
         self._process: EngineProcess | None = None
 
     def inprocess(self, device: torch.device) -> FeatureEngine:
@@ -226,8 +229,9 @@ class TargetSource:
                 )
             return process
         self._process = EngineProcess(self.factory, device, cfg.slots, cfg.slot_tokens, cfg.start_timeout_s)
-        if self._engine is not None:
-            self._check_same_target(self._engine.info, self._process.info)
+        mine = self._info if self._info is not None else getattr(self._engine, "info", None)
+        if mine is not None:
+            self._check_same_target(mine, self._process.info)
         return self._process
 
     def _check_same_target(self, mine, engine) -> None:
