@@ -68,13 +68,22 @@ def nvidia_smi(query: str, kind: str) -> list[list[str]]:
     return [[c.strip() for c in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
 
 
+def running(pid: int) -> bool:
+    """``pid`` exists and has not exited (a zombie not yet reaped has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 def watch(pid: int, out: Path, interval: float = 1.0) -> dict:
     procs: dict[int, dict] = {}
     gpu_peak: dict[str, int] = {}
     app_peak: dict[int, int] = {}
     has_smi = subprocess.run(["which", "nvidia-smi"], capture_output=True).returncode == 0
     start = time.time()
-    while Path(f"/proc/{pid}").exists():
+    result: dict = {}
+    while running(pid):
         for p in children(pid):
             seen = read_proc(p)
             if seen is not None:

@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from safetensors import safe_open
 
 from launch.kimi_reduced import ARCHITECTURE, KIMI_K25_TEXT, SGLANG_GUARDED, SGLANG_READS, write_target
-from launch.kimi_reduced_report import children, moe_forward_flops, read_proc
+from launch.kimi_reduced_report import children, moe_forward_flops, read_proc, watch
 from models.memory_plan import GB, TargetShape, main as plan_main, param_counts, plan
 from trainer.config import register_schema, to_config
 
@@ -160,3 +160,15 @@ def test_watch_sees_a_child_and_its_io_counters():
         child.kill()
         child.wait()
     assert read_proc(child.pid) is None
+
+
+def test_watch_follows_a_process_until_it_exits_and_keeps_its_counters(tmp_path):
+    script = "import time; open(%r, 'wb').write(bytes(1 << 20)); time.sleep(1.0)" % str(tmp_path / "blob")
+    child = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        result = watch(child.pid, tmp_path / "watch.json", interval=0.1)  # returns once the child is a zombie
+    finally:
+        child.wait()
+    seen = result["processes"][child.pid]
+    assert seen["io_last"]["wchar"] >= 1 << 20 and "blob" in seen["cmd"]
+    assert json.loads((tmp_path / "watch.json").read_text())["root_pid"] == child.pid
