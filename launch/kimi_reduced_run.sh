@@ -6,7 +6,7 @@
 #   launch/kimi_reduced_run.sh OUT          # on 2 x H200 (after launch/device_run.sh setup-*), ~4 minutes
 #   launch/kimi_reduced_run.sh OUT --dry    # any machine: writes the config, prints the plans and the commands
 #
-# Knobs (environment): LAYERS=5 EXPERTS=16 AUX=[1,2,3] TOKENS=8192 MAX_STEPS=300 TRAIN_S=90
+# Knobs (environment): LAYERS=5 EXPERTS=16 AUX=[1,2,3] TOKENS=8192 MAX_STEPS=300 TRAIN_S=60
 # TIMEOUT_S=420 PYTHON=python3. The steps: write the target dir (launch/kimi_reduced.py, with the
 # random embed + lm_head the trainer reads); the memory plans (models.memory_plan) of this run and
 # of the full shape at TP 8; the training run under a watcher (launch/kimi_reduced_report.py
@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 WANDB_MODE=disabled
 PY=${PYTHON:-python3}
 LAYERS=${LAYERS:-5} EXPERTS=${EXPERTS:-16} AUX=${AUX:-[1,2,3]} TOKENS=${TOKENS:-8192}
-MAX_STEPS=${MAX_STEPS:-300} TRAIN_S=${TRAIN_S:-90} TIMEOUT_S=${TIMEOUT_S:-420}
+MAX_STEPS=${MAX_STEPS:-300} TRAIN_S=${TRAIN_S:-60} TIMEOUT_S=${TIMEOUT_S:-420}
 POOL=$((3 * TOKENS))  # SGLang KV pool: one TP-2 prefill is 2 x TOKENS tokens, plus half of that as headroom
 T="$OUT/target"
 mkdir -p "$OUT"
