@@ -17,7 +17,10 @@ set -euo pipefail
 OUT=$(realpath -m "$1"); DRY=${2:-}
 [ -z "$DRY" ] || [ "$DRY" = --dry ] || { echo "$0: unknown option $DRY (only --dry)" >&2; exit 2; }
 cd "$(dirname "$0")/.."
-[ -d /tmp/site ] && export PYTHONPATH="/tmp/site:/tmp/site2:$PWD${PYTHONPATH:+:$PYTHONPATH}"  # launch/device_run.sh's installs
+if [ -d /tmp/site ]; then  # the installs and caches of launch/device_run.sh on a bare GPU machine
+  export PYTHONPATH="/tmp/site:/tmp/site2:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  export STREAMDRAFT_CACHE=${STREAMDRAFT_CACHE:-/tmp/streamdraft-cache} TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch-ext}
+fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 WANDB_MODE=disabled
 PY=${PYTHON:-python3}
 LAYERS=${LAYERS:-5} EXPERTS=${EXPERTS:-16} AUX=${AUX:-[1,2,3]} TOKENS=${TOKENS:-8192}

@@ -166,7 +166,7 @@ def req_to_token_bytes(s: TargetShape, pool_tokens: int) -> int:
 @dataclass(frozen=True)
 class DraftCounts:
     trainable: int
-    frozen_embedding: int
+    frozen: int  # the embedding
     hidden: int
     intermediate: int
     q_width: int
@@ -197,11 +197,10 @@ def draft_counts(config, num_aux: int, draft_vocab: int) -> DraftCounts:
                        shape.num_key_value_heads * shape.head_dim, shape.draft_vocab_size)  # fmt: skip
 
 
-def ttt_width(d: DraftCounts | dict) -> int:
-    """Values a TTT step keeps a token for backward (est.): the 2H attention input, q/k/v,
-    attention output, o output, gate/up/act, down output, and the draft-vocab logits in fp32
-    (two bf16 widths)."""
-    h, i, q, kv, v = (d.hidden, d.intermediate, d.q_width, d.kv_width, d.draft_vocab) if isinstance(d, DraftCounts) else d
+def ttt_width(h: int, i: int, q: int, kv: int, v: int) -> int:
+    """Values a TTT step keeps a token for backward (est.), for hidden ``h``, intermediate ``i``,
+    q / kv widths and draft vocab ``v``: the 2H attention input, q/k/v, attention output, o
+    output, gate/up/act, down output, and the draft-vocab logits in fp32 (two bf16 widths)."""
     return 2 * h + q + 2 * kv + q + h + 3 * i + h + 2 * v
 
 
@@ -212,8 +211,9 @@ def draft_activation_bytes(d: DraftCounts, tokens: int) -> float:
     trainable_8b = (3 * m["hidden"] * m["hidden"] + 2 * m["hidden"] * (m["heads"] + 2 * m["kv_heads"]) * m["head_dim"]
                     + m["heads"] * m["head_dim"] * m["hidden"] + 3 * m["hidden"] * m["intermediate"] + m["hidden"] * m["draft_vocab"])  # fmt: skip
     states_8b = trainable_8b * (2 + 2 + 4) + 2 * m["vocab"] * m["hidden"] * BF16 + 3 * m["tokens"] * 4 * m["hidden"] * BF16
-    width_8b = ttt_width((m["hidden"], m["intermediate"], m["heads"] * m["head_dim"], m["kv_heads"] * m["head_dim"], m["draft_vocab"]))
-    return (m["peak_bytes"] - states_8b) * tokens / m["tokens"] * ttt_width(d) / width_8b
+    width_8b = ttt_width(m["hidden"], m["intermediate"], m["heads"] * m["head_dim"], m["kv_heads"] * m["head_dim"], m["draft_vocab"])
+    width = ttt_width(d.hidden, d.intermediate, d.q_width, d.kv_width, d.draft_vocab)
+    return (m["peak_bytes"] - states_8b) * tokens / m["tokens"] * width / width_8b
 
 
 # --------------------------------------------------------------------------- the plan
@@ -221,7 +221,7 @@ def draft_activation_bytes(d: DraftCounts, tokens: int) -> float:
 
 @dataclass(frozen=True)
 class Item:
-    process: str  # engine | trainer | both
+    process: str  # engine | trainer
     name: str
     bytes: float
     estimate: bool = False
@@ -287,7 +287,7 @@ def plan(config: dict, tp: int, tokens: int, *, ranks: int | None = None, slots:
     facts = {
         "params": param_counts(s), "params_total": sum(param_counts(s).values()), "weights": w,
         "kv_bytes_per_token": kv, "handoff_bytes_per_token": hand, "aux_width": num_aux * s.hidden,
-        "draft_trainable": d.trainable, "draft_frozen": d.frozen_embedding, "prefill_tokens": group, "kv_pool_tokens": pool,
+        "draft_trainable": d.trainable, "draft_frozen": d.frozen, "prefill_tokens": group, "kv_pool_tokens": pool,
         "static_bytes": w["per_gpu"] + pool * kv, "num_aux": num_aux, "draft_vocab": draft_vocab, "slots": slots,
     }  # fmt: skip
     return Plan(s, tp, tokens, ranks, items, facts)
