@@ -273,6 +273,21 @@ def test_early_close_and_abandoned_streams_leave_the_engine_clean(hf_source, ref
     assert hf_source.process.pid == pid  # one engine process served every stream
 
 
+def test_close_after_the_engine_made_every_batch_leaves_no_message_behind(hf_source, reference):
+    """A stream closed when the engine has already made all its outstanding batches: the engine
+    still answers the cancel (with no seqs), and that answer must not reach the next stream."""
+    process = hf_source.colocated(COLOCATED, "cpu")
+    start = process.stats().batches
+    with open_feature_stream(COLOCATED, hf_source, make_batches(2), "cpu") as stream:
+        next(stream)
+        deadline = time.monotonic() + 30
+        while process.stats().batches - start < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)  # until the second batch is made: nothing is left to cancel
+        assert process.stats().batches - start == 2
+    with open_feature_stream(COLOCATED, hf_source, make_batches(1), "cpu") as stream:
+        assert_same(next(stream), reference[0])
+
+
 def test_oversized_batch_is_refused_in_the_trainer(hf_source, reference):
     big = make_batches(1)[0]
     big = TokenBatch(big.input_ids.repeat(4, 1), big.loss_mask.repeat(4, 1), big.lengths.repeat(4))  # 8 x 24

@@ -166,14 +166,15 @@ class ColocatedStream:
             outstanding = self._submitted - self._received
             if outstanding:
                 self._process.cancel(self._id)
-            while outstanding:
+            answered = not outstanding  # the engine answers a cancel once, with no seqs when it had made them all
+            while outstanding or not answered:
                 msg = self._process.receive(waiting_for="the engine to cancel a closed stream")
                 if isinstance(msg, Ready):
                     self._process.release(self._process.ring[msg.slot])
                     outstanding -= 1
                 else:
                     assert isinstance(msg, Cancelled) and msg.stream == self._id, f"unexpected {msg!r}"
-                    outstanding -= len(msg.seqs)
+                    outstanding, answered = outstanding - len(msg.seqs), True
         self._held = None
         self._process.stream_closed(self)
 
