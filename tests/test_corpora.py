@@ -225,6 +225,10 @@ def test_filters_and_dedup_across_sources(tmp_path):
     albanian = "Ndryshimet që ndodhin në shoqëri janë të shpejta dhe të vazhdueshme sot"
     assert PromptFilter().rejection(f"Answer the question below.\n{albanian}", albanian) == "non_english"
     assert PromptFilter().rejection("Tell me the molecular formula of the SMILES string.\nOCC(CO)CO", "OCC(CO)CO") is None
+    italian = "Una luce di una data intensita colpisce un metallo il cui lavoro di estrazione"
+    assert PromptFilter().rejection(f"Answer with the letter of the correct choice.\n{italian}", italian) == "non_english"
+    table = "Age: 46 years, Sex: Male, Chest pain type: Non-Anginal Pain, Resting blood pressure: 120"
+    assert PromptFilter().rejection(f"Is the patient likely to have a heart disease?\n{table}", table) is None
 
 
 def test_heldout_split_is_stable_and_leak_check_names_both_prompts(tmp_path):

@@ -8,8 +8,10 @@ the user turn.
 1. **Filters** (``PromptFilter``; counted per stage): the first turn, with the system message
    when there is one, must have ``min_chars``..``max_chars`` characters and ``min_words``
    words, and be English (``trainer.synth.filters.is_english`` at ``min_stopwords``); a user
-   turn under a system message is checked again on its own (``SENTENCE_WORDS`` words or more:
-   the same check; shorter, such as a formula or a number: the ASCII share of its letters). Later turns are kept while they pass the same
+   turn under a system message is checked again on its own: ``min_ascii`` of its letters
+   ASCII, and not two or more German / French / Spanish / Italian / Dutch function words
+   outnumbering English ones (an exam question in Italian under an English instruction is dropped; a
+   formula, a card hand or a table of values is kept). Later turns are kept while they pass the same
    checks, at most ``max_turns`` in all.
 2. **Dedup** (``PromptIndex``), within and across sources, in the order the sources are read:
    exact (the normalised first turn, ``trainer.data.split.prompt_key``) and near-duplicate
@@ -33,9 +35,8 @@ from typing import Iterable, Iterator, Sequence
 from trainer.data.corpora import WHEELS, CorpusCounts, GroupCap, Prompt, corpus_prompts, default_wheel_dir, open_wheel, pinned_wheel
 from trainer.data.dedup import NearDupIndex, words
 from trainer.data.split import prompt_key
-from trainer.synth.filters import FilterSettings, is_english
+from trainer.synth.filters import FOREIGN_STOPWORDS, STOPWORDS, FilterSettings, is_english
 
-SENTENCE_WORDS = 8  # a user turn this long is checked for English words on its own (shorter: its letters only)
 THRESHOLD = 0.7  # Jaccard of word-bigram sets at or above which two prompts are one
 PER_TASK_CAP = 100  # evals prompts kept a task
 EXAMINE = 5  # an evals task's records read at most: EXAMINE x its cap
@@ -65,8 +66,10 @@ class PromptFilter:
         if not is_english(text, english):
             return "non_english"
         if user is not text and any(c.isalpha() for c in user):  # an English system message around a user turn
-            own = english if len(words(user)) >= SENTENCE_WORDS else FilterSettings(min_ascii=self.min_ascii, min_stopwords=0)
-            if not is_english(user, own):
+            w = words(user)
+            n_foreign = sum(x in FOREIGN_STOPWORDS for x in w)
+            foreign = n_foreign >= 2 and n_foreign > sum(x in STOPWORDS for x in w)  # one is chance ("non-", "die")
+            if foreign or not is_english(user, FilterSettings(min_ascii=self.min_ascii, min_stopwords=0)):
                 return "non_english"
         return None
 
