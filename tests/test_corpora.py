@@ -268,6 +268,10 @@ def test_prepare_end_to_end_on_tiny_wheels(tmp_path, monkeypatch):
     LeakCheck([(f"{f}:{i}", p.context[-1]["content"]) for f in held_files for i, p in enumerate(read_prompt_file(f))]).check(firsts, "train")
     with pytest.raises(ValueError, match="--heldout sharegpt=200: only 5 sharegpt prompts are left after filters and dedup"):  # the default size
         cli.main(["prepare", "--out", str(out), "--dir", str(tmp_path), "--on-error", "skip"])
+    cli.main(["prepare", "--out", str(out), "--dir", str(tmp_path), "--heldout", "sharegpt=5", "evals=0", "codeio=0", "--on-error", "skip"])
+    held_sg = read_prompt_file(out / "heldout_sharegpt.jsonl")
+    assert len(held_sg) == 5 and all(p.turns == 1 for p in held_sg)  # first prompts only (a_0 has two turns)
+    assert not (out / "heldout_evals.jsonl").exists() and json.loads((out / "manifest.json").read_text())["counts"]["sharegpt"]["kept"] == 0
 
 
 def test_missing_wheel_says_how_to_fetch(tmp_path):

@@ -12,7 +12,7 @@ filters, deduplicates within and across sources, holds out prompts per source an
   (serving/prompts.py) with ``id`` and ``source`` (and ``task`` for evals), in a seeded order;
   ShareGPT prompts carry their user turns as ``turns``, so ``python -m trainer.regenerate
   --prompts`` answers every turn;
-- ``heldout_<source>.jsonl``: the held-out prompts, a ``serving.eval --prompts`` file;
+- ``heldout_<source>.jsonl``: the held-out first prompts, a ``serving.eval --prompts`` file;
 - ``manifest.json``: counts per stage and source, settings, seed, wheels (file, sha256).
 """
 
@@ -122,7 +122,10 @@ def prepare(
     every = [p for s in sources for p in train[s]]
     random.Random(f"streamdraft-corpora:{seed}").shuffle(every)
     out.mkdir(parents=True, exist_ok=True)
-    files = {f"heldout_{s}.jsonl": (held[s], _jsonl(held[s])) for s in sources}
+    files = {f"heldout_{s}.jsonl": (held[s], _jsonl([p.cut(1) for p in held[s]])) for s in sources if held[s]}  # first prompts only
+    for s in sources:
+        if not held[s] and (out / f"heldout_{s}.jsonl").exists():
+            (out / f"heldout_{s}.jsonl").unlink()  # from an earlier run: this one holds none of it out
     data = _jsonl(every)
     name = TRAIN_FILE + ".gz" if len(data) > GZIP_OVER else TRAIN_FILE
     files[name] = (every, gzip.compress(data, mtime=0) if name.endswith(".gz") else data)
