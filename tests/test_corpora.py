@@ -247,7 +247,7 @@ def test_heldout_split_is_stable_and_leak_check_names_both_prompts(tmp_path):
 
 
 def test_prepare_end_to_end_on_tiny_wheels(tmp_path, monkeypatch):
-    wheels = {"sharegpt": sharegpt_wheel(tmp_path, sharegpt_records()), "evals": evals_wheel(tmp_path), "codeio": codeio_wheel(tmp_path)}
+    sharegpt_wheel(tmp_path, sharegpt_records()), evals_wheel(tmp_path), codeio_wheel(tmp_path)  # found in --dir by their names
     monkeypatch.setattr(cli, "GZIP_OVER", 0)  # every training file counts as large: written gzipped
     out = tmp_path / "out"
     cli.main(["prepare", "--out", str(out), "--dir", str(tmp_path), "--heldout", "sharegpt=1", "evals=2", "codeio=1", "--on-error", "skip"])

@@ -19,10 +19,11 @@ a few-shot record) is skipped and counted by reason either way.
   a conversation whose start they lack). Turns are taken while they alternate user /
   assistant; system messages are dropped.
 - **evals**: a task's ``.jsonl`` files; the prompt is ``input``: a string, or role/content
-  messages (at most one leading system message, then one user turn). A file whose first
-  record has no such ``input`` is skipped and counted by reason in ``files_skipped``. Lines
-  of a task are visited in a seeded order, decoded only when visited, so a per-task cap reads
-  few of the ~1M rows. Reference answer: ``ideal`` (the first, when a list).
+  messages (one user turn, after at most one system message; a lone system message is asked
+  as the user turn). A file whose first record has no such ``input`` is skipped and counted
+  by reason in ``files_skipped``. Lines of a task are visited in a seeded order and decoded
+  only while its ``GroupCap`` is open, so a per-task cap reads few of the ~1M rows.
+  Reference answer: ``ideal`` (the first, when a list).
 - **codeio**: ``codeio-hq.jsonl.gz`` (one JSON array) then ``codeio.jsonl.gz`` (JSON lines);
   the prompt asks for the Python function of the task (description, input / output spec,
   the ``main_solution`` signature); the reference answer is ``code_sample``.
