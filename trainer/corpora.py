@@ -98,6 +98,8 @@ def prepare(
     on_error: str = "raise",
 ) -> dict:
     """Select, split and write the prompt files (module doc); returns the manifest."""
+    if max_per_source is not None and max_per_source < 0 or per_task_cap is not None and per_task_cap < 1:
+        raise ValueError(f"--max-per-source must be >= 0 and --per-task-cap >= 1 (got {max_per_source}, {per_task_cap})")
     heldout = {s: HELDOUT[s] for s in sources} | (heldout or {})
     unknown = sorted(set(heldout) - set(sources))
     if unknown:
