@@ -286,7 +286,7 @@ def _compose(*overrides):
 
 @pytest.mark.parametrize("group", sorted(p.stem for p in (CONF / "data").glob("*.yaml")))
 def test_every_data_group_composes(group):
-    names = {"chatterbot": [], "mix": ["sharegpt", "ultrachat"]}.get(group, [group])
+    names = {"chatterbot": [], "mix": ["sharegpt", "ultrachat"], "corpora": ["sharegpt_wheel", "evals", "codeio"]}.get(group, [group])
     cfg = _compose(f"data={group}", *[f"data.sources.{name}.path=/data/{name}" for name in names])
     assert set(cfg.sources) == set(names or ["chatterbot"]) and all(src.format in data.FORMATS for src in cfg.sources.values())
 

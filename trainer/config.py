@@ -44,7 +44,7 @@ class DraftConfig:
 class DataSourceConfig:
     """One named source (``data.sources.NAME``); conf/data/*.yaml each add one."""
 
-    format: str = "chatterbot"  # chatterbot | sharegpt | ultrachat | openai | hf_disk
+    format: str = "chatterbot"  # chatterbot | sharegpt | ultrachat | openai | hf_disk | sharegpt_wheel | evals | codeio
     path: Optional[str] = None  # local file or directory (every format but chatterbot)
     languages: list[str] = field(default_factory=lambda: ["english"])  # chatterbot only
     split: Optional[str] = None  # hf_disk: the split of a saved DatasetDict (None: train)
@@ -68,13 +68,15 @@ class DataConfig:
     train_thinking: bool = True  # False: <think>...</think> spans stay out of the mask
     think_tags: list[str] = field(default_factory=lambda: ["<think>", "</think>"])
     on_error: str = "raise"  # a malformed record: raise (naming file:line) | skip (counted)
+    heldout_prompt_files: list[str] = field(default_factory=list)  # prompt files no training conversation may repeat (leak check)
 
     def __post_init__(self) -> None:
-        formats = ("chatterbot", "sharegpt", "ultrachat", "openai", "hf_disk")
+        wheels = ("sharegpt_wheel", "evals", "codeio")  # path unset: the wheel `python -m trainer.corpora fetch` got
+        formats = ("chatterbot", "sharegpt", "ultrachat", "openai", "hf_disk", *wheels)
         for name, src in self.sources.items():
             key = f"data.sources.{name}"
             _require(src.format in formats, f"{key}.format", f"unknown format {src.format!r} (known: {', '.join(formats)})")
-            _require(src.path is not None or src.format == "chatterbot", f"{key}.path", f"format {src.format} needs a local path")
+            _require(src.path is not None or src.format in ("chatterbot", *wheels), f"{key}.path", f"format {src.format} needs a local path")
             _require(src.path is None or src.format != "chatterbot", f"{key}.path", "format chatterbot reads the packaged corpus and takes no path")
             _require(src.split is None or src.format == "hf_disk", f"{key}.split", "applies to format hf_disk only")
             _require(src.holdout_fraction is None or 0 < src.holdout_fraction < 1, f"{key}.holdout_fraction", "must be in (0, 1)")

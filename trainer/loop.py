@@ -106,7 +106,7 @@ class Trainer:
         self.target: TargetBundle = load_target(cfg.target, cfg.engine.mode, self.par.device, self.dtype)
         info = self.target.head.info
         self.target_source = TargetSource(target_recipe(cfg, info.aux_layer_ids, self.dtype, self.par), engine=self.target.engine, info=info)
-        self.data = prepare_data(cfg.data, self.target.head.tokenizer, cfg.trainer.seed)
+        self.data = prepare_data(cfg.data, self.target.head.tokenizer, cfg.trainer.seed, cfg.trainer.eval_prompts_file)
         self.loader = self.data.train_loader(train_batcher(cfg.data, self.target.pad_id), self.par.rank, self.par.world)
         self.eval_samples = self.data.eval_samples()
         self.prompts, self.prompt_origin = eval_prompt_set(cfg, self.data)

