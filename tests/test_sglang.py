@@ -2,6 +2,7 @@
 source trees written here, and against the real SGLang source when it is present), the config
 mapping to the engine recipe, and the engine's batch layout. Nothing here imports sglang."""
 
+import copy
 import importlib.util
 import json
 import pickle
@@ -11,7 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from transformers import LlamaConfig
+
 from models.draft import DraftShape
+from models.embedded import embedded_target_dir, plain_config
 from models.sglang_target import check_aux_width, documents, import_sglang, rank_span, to_rows
 from models.target import TargetInfo, default_aux_layer_ids
 from serving.formats import sglang_config
@@ -20,6 +24,7 @@ from serving.sglang_preflight import (
     SGLangSource,
     attention_backends,
     check_target,
+    choose_attention_backend,
     find_sglang_source,
     preflight,
     read_target_shape,
@@ -119,13 +124,37 @@ MODELS = {
 
 
 def write_sglang_tree(root: Path, version: str = "9.9.9") -> Path:
-    """An ``sglang/`` package dir shaped like the wheel's: _version.py, srt/server_args.py, srt/models/."""
+    """An ``sglang/`` package dir shaped like the wheel's: _version.py, srt/server_args.py, srt/models/,
+    beside a triton package (a site dir as pip --target writes it)."""
     package = root / "sglang"
     (package / "srt" / "models").mkdir(parents=True)
     (package / "_version.py").write_text(f"__version__ = version = '{version}'\n")
-    (package / "srt" / "server_args.py").write_text('ATTENTION_BACKEND_CHOICES = [\n    "triton",\n    "fa3",\n]\n')
+    choices = ["triton", "fa3", "flashinfer", "flashmla", "torch_native"]
+    (package / "srt" / "server_args.py").write_text(f"ATTENTION_BACKEND_CHOICES = {choices!r}\n")
     for name, text in MODELS.items():
         (package / "srt" / "models" / name).write_text(textwrap.dedent(text))
+    (root / "triton").mkdir()
+    (root / "triton" / "__init__.py").write_text("")
+    return package
+
+
+def fake_install(root: Path, fa3: bool, flashinfer: str | None) -> Path:
+    """A site dir that mimics an SGLang install: sglang, triton, sgl_kernel (its sm90 ops; the FA3 library
+    only with ``fa3``) and flashinfer as ``flashinfer`` says: None (absent), "bare" (no kernels nor
+    sources, like a stripped wheel), "jit" (data/csrc + data/include) or "cache" (flashinfer_jit_cache)."""
+    package = write_sglang_tree(root)
+    kernel = root / "sgl_kernel"
+    (kernel / "sm90").mkdir(parents=True)
+    (kernel / "sm90" / "common_ops.abi3.so").write_bytes(b"")
+    if fa3:
+        (kernel / "flash_ops.abi3.so").write_bytes(b"")
+    if flashinfer is not None:
+        (root / "flashinfer" / "jit").mkdir(parents=True)
+    if flashinfer == "jit":
+        for sub in ("csrc", "include"):
+            (root / "flashinfer" / "data" / sub).mkdir(parents=True)
+    if flashinfer == "cache":
+        (root / "flashinfer_jit_cache").mkdir()
     return package
 
 
@@ -214,20 +243,53 @@ def test_an_unknown_architecture_names_itself_and_the_version(fake):
         preflight(fake, "GrokForCausalLM", 8, [1, 3, 4])
 
 
-def test_check_target_reads_the_dir_and_the_backend_list(tmp_path, fake):
+def test_check_target_reads_the_dir(tmp_path, fake):
     model = target_dir(tmp_path / "model", "WrapperForConditionalGeneration", 61, hidden=7168, multimodal=True)
     assert read_target_shape(model).num_layers == 61 and read_target_shape(model).hidden_size == 7168
-    assert check_target(model, KIMI_IDS, "fa3", source_dir=fake.package_dir).architecture == "WrapperForConditionalGeneration"
-    with pytest.raises(ValueError, match="config engine.sglang.attention_backend: SGLang 9.9.9 knows no 'flashattn'"):
-        check_target(model, KIMI_IDS, "flashattn", source_dir=fake.package_dir)
+    assert check_target(model, KIMI_IDS, source_dir=fake.package_dir).architecture == "WrapperForConditionalGeneration"
     with pytest.raises(ValueError, match="has no config.json"):
         read_target_shape(tmp_path)
+
+
+HOPPER, AMPERE = (9, 0), (8, 0)
+
+
+@pytest.mark.parametrize("fa3, capability, backend, reason", [
+    (True, HOPPER, "fa3", "SGLang's default on Hopper; sgl_kernel carries it"),
+    (False, HOPPER, "triton", "fa3 unavailable: sgl_kernel/flash_ops*.so missing"),
+    (True, AMPERE, "triton", "fa3 unavailable: SGLang picks it on Hopper only; this GPU is sm80"),
+    (True, None, "fa3", "SGLang's default on Hopper; sgl_kernel carries it"),
+])  # fmt: skip
+def test_the_backend_is_chosen_from_what_the_install_carries(tmp_path, fa3, capability, backend, reason):
+    package = fake_install(tmp_path, fa3=fa3, flashinfer="bare")
+    choice = choose_attention_backend(None, capability, source_dir=package)
+    assert (choice.backend, choice.reason) == (backend, reason)
+    assert choice.describe() == f"attention backend: {backend} ({reason})"
+
+
+def test_an_explicit_backend_is_checked_against_the_install(tmp_path):
+    stripped = fake_install(tmp_path / "stripped", fa3=False, flashinfer="bare")
+    for requested, why in [("fa3", r"sgl_kernel/flash_ops\*\.so missing"), ("flashmla", r"sgl_kernel/flashmla_ops\*\.so missing"),
+                           ("flashinfer", "neither prebuilt kernels .* nor its JIT sources")]:  # fmt: skip
+        with pytest.raises(ValueError, match=f"config engine.sglang.attention_backend: {requested} cannot run .*{why}.*attention_backend=triton"):
+            choose_attention_backend(requested, HOPPER, source_dir=stripped)
+    assert choose_attention_backend("triton", HOPPER, source_dir=stripped).backend == "triton"
+    with pytest.raises(ValueError, match="config engine.sglang.attention_backend: SGLang 9.9.9 knows no 'flashattn'"):
+        choose_attention_backend("flashattn", HOPPER, source_dir=stripped)
+    for flashinfer in ("jit", "cache"):
+        full = fake_install(tmp_path / flashinfer, fa3=True, flashinfer=flashinfer)
+        assert choose_attention_backend("flashinfer", HOPPER, source_dir=full).reason == "engine.sglang.attention_backend"
+        assert choose_attention_backend("fa3", HOPPER, source_dir=full).backend == "fa3"
+    with pytest.raises(ValueError, match="flashinfer is not installed"):
+        choose_attention_backend("flashinfer", HOPPER, source_dir=fake_install(tmp_path / "none", fa3=True, flashinfer=None))
 
 
 def test_the_preflight_command(tmp_path, fake, capsys):
     model = target_dir(tmp_path / "model", "LlamaForCausalLM", 8)
     assert preflight_main([str(model), "--sglang-src", str(fake.package_dir)]) == 0  # default ids [1, 3, 4]
-    assert "with [1, 3, 4] captures the inputs of layers [2, 4, 5]" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "with [1, 3, 4] captures the inputs of layers [2, 4, 5]" in out
+    assert "attention backend: triton (fa3 unavailable: sgl_kernel is not installed)" in out
 
 
 def test_the_source_is_found_by_env_var_or_not_at_all(tmp_path, fake, monkeypatch):
@@ -312,13 +374,15 @@ def test_bad_engine_values_name_the_key(overrides, key):
 
 def test_target_recipe_per_engine(tmp_path, fake, monkeypatch):
     model = target_dir(tmp_path / "model", "WrapperForConditionalGeneration", 61, multimodal=True)
-    gpu = Parallel(rank=0, world=2, local_rank=1, device=torch.device("cuda", 1))  # no CUDA call is made
+    gpu = Parallel(rank=0, world=2, local_rank=1, device=torch.device("cuda", 1))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: HOPPER)  # the only CUDA call made
     assert isinstance(target_recipe(tiny_config(), [1, 14, 26], torch.float32, gpu), PathTarget)
     cfg = tiny_config("engine=sglang", "engine.sglang.tp_size=2", "target=local", f"target.path={model}")
     monkeypatch.setenv(SOURCE_ENV, str(fake.package_dir))
     monkeypatch.setenv("LOCAL_SIZE", "2")
     recipe = target_recipe(cfg, KIMI_IDS, torch.bfloat16, gpu)  # preflight passes
     assert isinstance(recipe, SGLangTarget) and (recipe.tp_rank, recipe.dist_port) == (1, 29650)
+    assert recipe.attention_backend == "triton"  # the fake install carries no sgl_kernel
     with pytest.raises(ValueError, match="captures the inputs of layers"):
         target_recipe(cfg, [2, 30, 57], torch.bfloat16, gpu)
     with pytest.raises(ValueError, match="config engine.name: sglang runs the target on CUDA GPUs"):
@@ -326,6 +390,29 @@ def test_target_recipe_per_engine(tmp_path, fake, monkeypatch):
     monkeypatch.setenv("LOCAL_SIZE", "3")
     with pytest.raises(ValueError, match="config engine.sglang.tp_size: 2 does not divide the 3 trainer ranks"):
         target_recipe(cfg, KIMI_IDS, torch.bfloat16, gpu)
+
+
+def test_engine_sglang_on_the_embedded_default_uses_its_dequantised_dir(real, monkeypatch):
+    cfg = tiny_config("engine=sglang")
+    assert cfg.target.path is None
+    recipe = sglang_recipe(cfg.target, cfg.engine, [1, 14, 26], torch.bfloat16, 0)
+    assert recipe.path == str(embedded_target_dir())
+    checked = check_target(recipe.path, [1, 14, 26], source_dir=real.package_dir)  # a LlamaForCausalLM dir SGLang reads
+    assert checked.architecture == "LlamaForCausalLM" and checked.ids.layer_inputs == [2, 15, 27]
+
+
+def test_the_embedded_config_is_plain_with_or_without_a_quantization_config():
+    """transformers 5.24 records a quantization_config on a GGUF-loaded config, 5.8.1 (SGLang's pin) none."""
+    without = LlamaConfig(num_hidden_layers=30, hidden_size=576, vocab_size=49152, architectures=["LlamaModel"])
+    assert not hasattr(without, "quantization_config")
+    with_it = copy.deepcopy(without)
+    with_it.quantization_config = {"quant_method": "gguf"}
+    for loaded in (without, with_it):
+        config = plain_config(loaded, Path("x.gguf"))
+        assert not hasattr(config, "quantization_config") and config.architectures == ["LlamaForCausalLM"]
+    assert hasattr(with_it, "quantization_config")  # the loaded config is left as it was
+    with pytest.raises(ValueError, match="x.gguf: hidden_size is 64, expected 576"):
+        plain_config(LlamaConfig(num_hidden_layers=30, hidden_size=64, vocab_size=49152), Path("x.gguf"))
 
 
 # --------------------------------------------------------------------------- the engine's batch layout
