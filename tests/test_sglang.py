@@ -2,6 +2,7 @@
 source trees written here, and against the real SGLang source when it is present), the config
 mapping to the engine recipe, and the engine's batch layout. Nothing here imports sglang."""
 
+import ast
 import copy
 import importlib.util
 import json
@@ -12,12 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformers import LlamaConfig
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig
 
 from models.draft import DraftShape
 from models.embedded import embedded_target_dir, plain_config
 from models.sglang_target import check_aux_width, documents, import_sglang, rank_span, to_rows
 from models.target import TargetInfo, default_aux_layer_ids
+from serving.aux_support import dotted_name
 from serving.formats import sglang_config
 from serving.sglang_preflight import (
     SOURCE_ENV,
@@ -172,6 +174,18 @@ def real() -> SGLangSource:
     if found is None:
         pytest.skip(f"no SGLang source: set {SOURCE_ENV} to an unpacked sglang wheel's sglang/ (docs/SGLANG.md)")
     return SGLangSource.read(found)
+
+
+def tiny_deepseek_v3_config() -> DeepseekV3Config:
+    """DeepSeek-V3 (Kimi-K2.5's language model) at tiny widths: MLA with the real latent sizes, a dense
+    first layer, then MoE layers with a shared expert; the routing fields a real config.json carries
+    (DeepSeek-V3 and Kimi-K2.5 alike), which transformers' DeepseekV3Config lacks and SGLang reads."""
+    return DeepseekV3Config(
+        vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=16,
+        first_k_dense_replace=1, moe_intermediate_size=256, n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
+        topk_group=1, kv_lora_rank=512, q_lora_rank=384, qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128,
+        max_position_embeddings=1024, moe_layer_freq=1, topk_method="noaux_tc", scoring_func="sigmoid",
+    )  # fmt: skip
 
 
 def target_dir(root: Path, architecture: str, num_layers: int, hidden: int = 64, multimodal: bool = False) -> Path:
@@ -329,6 +343,55 @@ def test_real_targets_that_capture_pass(real, architecture):
 def test_real_targets_without_capture_fail_clearly(real, architecture):
     with pytest.raises(ValueError, match=f"{architecture} with SGLang {real.version}: .* neither defines nor inherits"):
         preflight(real, architecture, 32, [1, 15, 28])
+
+
+MARGIN = 0.25  # an aux block's error to its own layer, at most this share of its error to any other layer
+
+
+def layer_errors(block: torch.Tensor, outputs: list[torch.Tensor]) -> list[float]:
+    """Relative distance of a feature block [N, H] to the output of every decoder layer ([N, H] each)."""
+    return [((block - out).norm() / out.norm()).item() for out in outputs]
+
+
+def is_layer(errors: list[float], k: int) -> bool:
+    """Layer k is the closest, by MARGIN over every other layer (tests/test_sglang_gpu.py)."""
+    return errors[k] < MARGIN * min(e for j, e in enumerate(errors) if j != k)
+
+
+def test_the_neighbour_check_catches_an_off_by_one():
+    """The GPU test's check on transformers' own layer outputs of the tiny DeepSeek-V3 (bf16): each layer
+    passes as itself with bf16-sized noise added, and fails in place of its neighbours k - 1 and k + 1."""
+    torch.manual_seed(0)
+    model = DeepseekV3ForCausalLM(tiny_deepseek_v3_config()).to(torch.bfloat16)
+    ids = torch.randint(1, 512, (2, 32))
+    with torch.no_grad():  # hidden_states[j + 1]: the output of layer j; the last entry is after the final norm
+        states = model.model(input_ids=ids, output_hidden_states=True).hidden_states
+    outputs = [h.float().flatten(0, 1) for h in states[1:-1]]  # layers 0 .. N-2
+    for k in (1, 3, 4):
+        noisy = outputs[k] * (1 + 0.02 * torch.randn_like(outputs[k]))
+        assert is_layer(layer_errors(noisy, outputs), k)
+        assert not is_layer(layer_errors(outputs[k + 1], outputs), k) and not is_layer(layer_errors(outputs[k - 1], outputs), k)
+
+
+# read only where guarded: hasattr(config, "num_nextn_predict_layers"); rope_theta / rope_scaling when the config
+# has no rope_parameters; quantization_config for fp8 shared experts
+GUARDED_DEEPSEEK_FIELDS = {"num_nextn_predict_layers", "rope_theta", "rope_scaling", "quantization_config"}
+
+
+def test_the_tiny_deepseek_v3_config_has_every_field_sglang_reads(real, tmp_path):
+    """Every ``config.X`` / ``self.config.X`` that SGLang's DeepSeek-V2/V3 model code reads, on the tiny
+    config as saved (config.json) and read back: a field it lacks kills the engine at build."""
+    files = [real.package_dir / "srt" / "models" / "deepseek_v2.py", *(real.package_dir / "srt" / "models" / "deepseek_common").glob("*.py")]
+    read = set()
+    for file in files:
+        for n in ast.walk(ast.parse(file.read_text())):
+            if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and dotted_name(n.value) in ("config", "self.config"):
+                read.add(n.attr)
+    assert {"moe_layer_freq", "topk_method", "scoring_func", "n_routed_experts"} <= read  # the reads are found
+    tiny_deepseek_v3_config().save_pretrained(tmp_path)
+    saved = DeepseekV3Config.from_pretrained(tmp_path)
+    missing = sorted(f for f in read - GUARDED_DEEPSEEK_FIELDS if not hasattr(saved, f))
+    assert not missing, f"SGLang {real.version} deepseek_v2.py reads {missing}, which the tiny config lacks"
 
 
 def test_real_attention_backends(real):
