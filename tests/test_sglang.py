@@ -8,7 +8,9 @@ import importlib.util
 import json
 import pickle
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -36,6 +38,7 @@ from serving.sglang_preflight import main as preflight_main
 from tests.tiny import tiny_config
 from trainer.batch import TokenBatch
 from trainer.dist import Parallel
+from trainer.engine_process import EngineError, failure_cause, failure_message
 from trainer.sources import sglang_recipe, target_recipe
 from trainer.stream import TargetSource
 from trainer.target_factory import PathTarget, SGLangTarget
@@ -520,3 +523,43 @@ def test_without_sglang_the_engine_says_how_to_install_it():
         import_sglang()
     with pytest.raises(ImportError, match="SGLang 0.5.14"):
         SGLangTarget(path="/models/x").build(torch.device("cpu"))
+
+
+# --------------------------------------------------------------------------- faults: the cause and the setting to change
+
+
+@dataclass(frozen=True)
+class OutOfMemoryTarget:
+    """An engine recipe whose build runs out of GPU memory, as SGLang's weight load or KV pool can."""
+
+    def build(self, device: torch.device):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 GiB")
+
+
+@pytest.mark.parametrize("traceback_tail, setting", [
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "engine.sglang.mem_fraction_static"),
+    ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: mem_fraction_static=0.3",
+     "raise engine.sglang.mem_fraction_static"),
+    ("ImportError: Can not import FA3 in sgl_kernel. Please check your installation.", "engine.sglang.attention_backend=triton"),
+    ("RuntimeError: Ninja build failed. Ninja output:\nnvcc fatal : Unsupported gpu architecture 'compute_90a'", "~/.cache/tvm-ffi"),
+    ("RuntimeError: ninja exited with status 1\nstderr:\n/bin/sh: 1: nvcc: not found", "CUDA_HOME"),
+])  # fmt: skip
+def test_an_engine_failure_names_its_cause_and_the_setting(traceback_tail, setting):
+    traceback = f'Traceback (most recent call last):\n  File "models/sglang_target.py", line 118, in start\n{traceback_tail}\n'
+    message = failure_message(traceback)
+    assert setting in failure_cause(traceback)
+    assert message.startswith(f"the engine process failed: {failure_cause(traceback)}") and traceback in message
+    assert message.endswith(f"cause: {failure_cause(traceback)}")  # also last: what a terminal shows
+
+
+def test_an_unknown_engine_failure_keeps_its_traceback():
+    traceback = "Traceback (most recent call last):\nValueError: poisoned batch\n"
+    assert failure_cause(traceback) is None and failure_message(traceback) == f"the engine process failed; its traceback:\n{traceback}"
+
+
+def test_an_engine_out_of_gpu_memory_stops_the_trainer_with_the_setting():
+    with pytest.raises(EngineError) as err:
+        TargetSource(OutOfMemoryTarget()).colocated(SimpleNamespace(slots=2, slot_tokens=64, start_timeout_s=120.0), torch.device("cpu"))
+    text = str(err.value)
+    assert text.startswith("the engine process failed: the engine ran out of GPU memory: lower data.max_tokens")
+    assert "torch.OutOfMemoryError: CUDA out of memory" in text and "engine.sglang.mem_fraction_static" in text
