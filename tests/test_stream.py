@@ -434,6 +434,7 @@ def test_bench_throughput_tiny(tmp_path):
     assert json.loads((tmp_path / "bench.json").read_text())["rows"][0]["mode"] == "inprocess"
     rows = {r["mode"]: r for r in report["rows"]}
     assert set(rows) == {"inprocess", "colocated", "offline"}
+    assert report["skipped"] == {"sglang": "needs a CUDA GPU"}  # a default mode, skipped and said so on the CPU
     assert all(r["tokens_per_s"] > 0 and 0 <= r["stall_fraction"] <= 1 for r in rows.values())
     assert report["equivalence"]["colocated"] == {"features_equal": True, "max_checksum_diff": 0.0, "max_loss_diff": 0.0}
     assert report["equivalence"]["offline"]["features_equal"]
