@@ -35,9 +35,22 @@ def save_target(root: Path, kind: str) -> Path:
         model = LlamaForCausalLM(config)
     else:
         model = DeepseekV3ForCausalLM(tiny_deepseek_v3_config())  # with the routing fields SGLang reads
+        fix_routing(model)
     path = root / kind
     model.to(torch.bfloat16).save_pretrained(path)
     return path
+
+
+def fix_routing(model: DeepseekV3ForCausalLM) -> None:
+    """Every MoE layer picks the same experts for every token. A random gate scores the experts
+    nearly alike, and transformers (fp32 router logits) and SGLang (bf16) then pick different experts
+    for some tokens: features that differ by a whole expert, not by rounding. The correction bias
+    decides the choice alone when its steps (1.0) exceed the spread of the sigmoid scores (< 1); the
+    chosen experts' weights still come from each token's scores."""
+    for layer in model.model.layers:
+        gate = getattr(layer.mlp, "gate", None)
+        if gate is not None:
+            gate.e_score_correction_bias.copy_(torch.arange(gate.e_score_correction_bias.numel(), dtype=torch.float32))
 
 
 def batches(seed: int) -> list[TokenBatch]:
