@@ -19,6 +19,10 @@ For the architecture a target's ``config.json`` names (``architectures[0]``):
    ``forward`` (or that of the language model it wraps) hands ``aux_hidden_states`` to its logits
    processor, which returns them under ``CaptureHiddenMode.FULL``.
 
+Beside it, ``choose_attention_backend`` picks (or checks) the attention backend from the files the
+install carries: SGLang's own Hopper default, fa3, dies at the first prefill where FlashAttention-3
+was left out.
+
 The ids we pass are ours unchanged (``sglang_layer_ids``) and the SGLang export writes the same
 list as ``eagle_aux_hidden_state_layer_ids`` (serving/formats.py), which SGLang's serving hands to
 the same method: one replay covers training and serving. With SGLang importable the engine checks
