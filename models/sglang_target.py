@@ -115,6 +115,8 @@ class SGLangTargetEngine:
         source = Path(sglang.__file__).parent
         checked = check_target(recipe.path, ids, source_dir=source)
         backend = choose_attention_backend(recipe.attention_backend, torch.cuda.get_device_capability(device), source_dir=source)
+        if recipe.attention_backend is None:  # chosen here, not by the trainer (which prints its choice)
+            print(f"engine=sglang on {device}: {backend.describe()}", flush=True)
         runner = _model_runner(recipe, backend.backend, device)
         _switch_on_capture(runner, checked.ids, sglang.__version__)
         runner.init_attention_backends()
