@@ -346,7 +346,7 @@ def run_sglang(st: Setup) -> dict:
     from transformers import AutoConfig
 
     fields = {k: v for k, v in st.target_cfg.items() if k != "model_type"}
-    config = AutoConfig.for_model(st.target_cfg["model_type"], architectures=["LlamaForCausalLM"], **fields)
+    config = AutoConfig.for_model(st.target_cfg["model_type"], architectures=["LlamaForCausalLM"], **fields)  # LLAMA_8B, TINY
     with tempfile.TemporaryDirectory(prefix="streamdraft-sglang-target-") as path:
         config.save_pretrained(path)
         factory = SGLangTarget(path=path, dtype=st.dtype, mem_fraction_static=st.args.sglang_mem_fraction, load_format="dummy", dist_port=free_port())
@@ -458,12 +458,11 @@ def table(rows: list[dict], flops: dict[str, float]) -> str:
 
 
 def compare(rows: list[dict]) -> dict:
-    """Features (checksums) and losses of every mode against the first one's."""
-    ref = rows[0]
+    """Features (checksums) and losses of every mode against the first one's (sglang mode left out)."""
+    rows = [r for r in rows if r["mode"] != "sglang"]  # SGLang's own random weights: other features, other losses
+    ref = rows[0] if rows else None
     out = {}
     for r in rows[1:]:
-        if r["mode"] == "sglang":  # SGLang's own random weights: other features, other losses
-            continue
         out[r["mode"]] = {
             "features_equal": r["checksums"] == ref["checksums"],
             "max_checksum_diff": max(abs(a - b) for x, y in zip(r["checksums"], ref["checksums"]) for a, b in zip(x, y)),
