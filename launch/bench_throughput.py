@@ -3,6 +3,7 @@
     python3 launch/bench_throughput.py --out bench.json              # H200: ~3 minutes
     python3 launch/bench_throughput.py --profile --out profile.json  # draft step: top ops + kernel variants
     python3 launch/bench_throughput.py --tiny --out /tmp/bench.json  # CPU smoke run, seconds
+    python3 launch/bench_throughput.py --modes colocated,sglang --out sglang.json  # transformers vs SGLang engine
 
 Needs only torch, transformers and numpy (no DeepSpeed, Hydra or wandb): the draft
 (``models.draft``), its TTT objective (``trainer.ttt``) and a torch AdamW are built
@@ -17,6 +18,10 @@ Modes:
 - ``offline``: pass 1 runs the target and writes every batch's features to ``--disk-dir``
   (torch.save, fsync, then evicted from the page cache), pass 2 reads them back (one
   reader thread, two batches ahead) and trains. Its tokens/s counts both passes.
+- ``sglang``: colocated with the target in SGLang (``engine=sglang``): a ModelRunner with
+  random weights of the same shapes (``load_format=dummy``, a config.json in a temporary
+  dir). Its weights are not the other modes', so it is left out of the feature comparison.
+  Skipped (and said so) without a CUDA GPU or without SGLang installed.
 
 Per mode: tokens/s; MFU = FLOPs/token (``flops_per_token``: target forward + labels + draft
 training) x tokens/s / 790 TFLOP/s; trainer stall = the share of step time spent in
@@ -30,11 +35,14 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import os
 import queue
 import statistics
+import socket
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -47,11 +55,11 @@ import torch  # noqa: E402
 from models.draft import DraftShape, Eagle3Draft, draft_shape_for  # noqa: E402
 from trainer.batch import FeatureBatch, TokenBatch  # noqa: E402
 from trainer.stream import TargetSource, open_feature_stream  # noqa: E402
-from trainer.target_factory import RandomTarget  # noqa: E402
+from trainer.target_factory import RandomTarget, SGLangTarget, TargetFactory  # noqa: E402
 from trainer.ttt import TTTObjective, target_labels  # noqa: E402
 
 PEAK_FLOPS = 790e12  # bf16 dense matmul ceiling measured on the H200 (shared/ENVIRONMENT.md)
-MODES = ("inprocess", "colocated", "offline")
+MODES = ("inprocess", "colocated", "offline", "sglang")
 
 LLAMA_8B = dict(
     model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
@@ -297,10 +305,10 @@ def run_inprocess(st: Setup) -> dict:
     return row
 
 
-def run_colocated(st: Setup) -> dict:
+def run_colocated(st: Setup, factory: TargetFactory | None = None, mode: str = "colocated") -> dict:
     objective, opt = make_objective(st)
     cfg = BenchEngine("colocated", st.args.slots, st.args.rows * st.args.seq)
-    with TargetSource(st.factory) as source:
+    with TargetSource(factory or st.factory) as source:
         process = source.colocated(cfg, st.device)  # start (and build the target) outside the timed steps
         pids = [os.getpid(), process.pid]
         before = [written_bytes(p) for p in pids]
@@ -313,7 +321,7 @@ def run_colocated(st: Setup) -> dict:
     copy_ms = 1000 * engine.copy_s / max(engine.batches, 1)
     receive_ms = 1000 * min(run.next_s)  # next() when the batch is already waiting: release + message + views
     row = summarize(
-        st, run, "colocated",
+        st, run, mode,
         handoff_ms_per_batch=copy_ms + receive_ms, handoff_copy_ms=copy_ms, handoff_receive_ms=receive_ms,
         engine_lead_ms=1000 * stream_stats.message_latency_s / max(stream_stats.batches, 1),
         engine_peak_gpu_bytes=engine.peak_memory_bytes if st.device.type == "cuda" else None,
@@ -323,6 +331,33 @@ def run_colocated(st: Setup) -> dict:
     row["device_used_gpu_bytes"] = device_peak
     del objective, opt
     return row
+
+
+def sglang_skip_reason(device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return "needs a CUDA GPU"
+    if importlib.util.find_spec("sglang") is None:
+        return "SGLang is not installed (pip install 'streamdraft[sglang]')"
+    return None
+
+
+def run_sglang(st: Setup) -> dict:
+    """``run_colocated`` with the target in SGLang: the same shapes as config.json, random weights."""
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in st.target_cfg.items() if k != "model_type"}
+    config = AutoConfig.for_model(st.target_cfg["model_type"], architectures=["LlamaForCausalLM"], **fields)  # LLAMA_8B, TINY
+    with tempfile.TemporaryDirectory(prefix="streamdraft-sglang-target-") as path:
+        config.save_pretrained(path)
+        factory = SGLangTarget(path=path, dtype=st.dtype, mem_fraction_static=st.args.sglang_mem_fraction, load_format="dummy", dist_port=free_port())
+        return run_colocated(st, factory, "sglang")
+
+
+def free_port() -> int:
+    """A free 127.0.0.1 port for the engine's (single-rank) process group."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class DiskStream:
@@ -423,8 +458,9 @@ def table(rows: list[dict], flops: dict[str, float]) -> str:
 
 
 def compare(rows: list[dict]) -> dict:
-    """Features (checksums) and losses of every mode against the first one's."""
-    ref = rows[0]
+    """Features (checksums) and losses of every mode against the first one's (sglang mode left out)."""
+    rows = [r for r in rows if r["mode"] != "sglang"]  # SGLang's own random weights: other features, other losses
+    ref = rows[0] if rows else None
     out = {}
     for r in rows[1:]:
         out[r["mode"]] = {
@@ -450,6 +486,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="measured steps (default 10; tiny 3)")
     p.add_argument("--slots", type=int, default=3)
     p.add_argument("--disk-dir", default="/tmp", help="offline mode: where the features go")
+    p.add_argument("--sglang-mem-fraction", type=float, default=0.3, help="sglang mode: engine.sglang.mem_fraction_static")
     args = p.parse_args(argv)
     args.device = args.device or ("cpu" if args.tiny else "cuda")
     args.rows = args.rows or (2 if args.tiny else 4)
@@ -477,16 +514,19 @@ def main(argv: list[str] | None = None) -> dict:
 
         report = profile(st)
     else:
-        runners = {"inprocess": run_inprocess, "colocated": run_colocated, "offline": run_offline}
-        rows = []
-        for mode in args.modes:
+        runners = {"inprocess": run_inprocess, "colocated": run_colocated, "offline": run_offline, "sglang": run_sglang}
+        rows, skipped = [], {}
+        if "sglang" in args.modes and (why := sglang_skip_reason(st.device)) is not None:
+            print(f"sglang: skipped ({why})", flush=True)
+            skipped["sglang"] = why
+        for mode in [m for m in args.modes if m not in skipped]:
             free_memory(st.device)
             t0 = time.perf_counter()
             rows.append(runners[mode](st))
             rows[-1]["mode_wall_s"] = time.perf_counter() - t0
             print(f"{mode}: {rows[-1]['tokens_per_s']:.0f} tokens/s ({rows[-1]['mode_wall_s']:.0f} s)", flush=True)
         print(table(rows, st.flops))
-        report = {"rows": rows, "equivalence": compare(rows) if len(rows) > 1 else {}}
+        report = {"rows": rows, "skipped": skipped, "equivalence": compare(rows) if len(rows) > 1 else {}}
         print(json.dumps(report["equivalence"], indent=1))
     report.update({
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv), "args": vars(args),

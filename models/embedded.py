@@ -74,18 +74,26 @@ def _build(gguf: Path, out: Path) -> None:
     if not tokenizer.chat_template:
         raise ValueError(f"{gguf} carries no chat template")
 
-    config = copy.deepcopy(loaded.config)
-    del config.quantization_config  # GGUF loading bookkeeping: the saved model is plain bf16
-    config.architectures = ["LlamaForCausalLM"]
-    for field, value in EXPECTED.items():
-        if getattr(config, field) != value:
-            raise ValueError(f"{gguf}: {field} is {getattr(config, field)}, expected {value}")
-
+    config = plain_config(loaded.config, gguf)
     fresh = LlamaForCausalLM(config)
     fresh.load_state_dict(loaded.state_dict(), strict=True)
     fresh.to(torch.bfloat16).save_pretrained(out)
     tokenizer.model_max_length = config.max_position_embeddings  # the GGUF tokenizer leaves it unbounded
     tokenizer.save_pretrained(out)
+
+
+def plain_config(loaded, gguf: Path):
+    """The config of the saved plain bf16 model: a copy of the GGUF-loaded ``loaded`` without the
+    ``quantization_config`` GGUF loading records (transformers 5.24 sets one, 5.8.1 none), as a
+    ``LlamaForCausalLM`` of the expected sizes."""
+    config = copy.deepcopy(loaded)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.architectures = ["LlamaForCausalLM"]
+    for field, value in EXPECTED.items():
+        if getattr(config, field) != value:
+            raise ValueError(f"{gguf}: {field} is {getattr(config, field)}, expected {value}")
+    return config
 
 
 def _share(directory: Path) -> None:

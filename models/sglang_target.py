@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from models.target import TargetInfo, check_aux_layer_ids, default_aux_layer_ids
-from serving.sglang_preflight import INSTALL_HINT, SGLangIds, check_target, read_target_shape
+from serving.sglang_preflight import INSTALL_HINT, SGLangIds, check_target, choose_attention_backend, read_target_shape
 from trainer.batch import FeatureBatch, TokenBatch
 
 if TYPE_CHECKING:
@@ -112,8 +112,12 @@ class SGLangTargetEngine:
         shape = read_target_shape(recipe.path)
         ids = recipe.aux_layer_ids if recipe.aux_layer_ids is not None else default_aux_layer_ids(shape.num_layers)
         ids = check_aux_layer_ids(ids, shape.num_layers)
-        checked = check_target(recipe.path, ids, recipe.attention_backend, source_dir=Path(sglang.__file__).parent)
-        runner = _model_runner(recipe, device)
+        source = Path(sglang.__file__).parent
+        checked = check_target(recipe.path, ids, source_dir=source)
+        backend = choose_attention_backend(recipe.attention_backend, torch.cuda.get_device_capability(device), source_dir=source)
+        if recipe.attention_backend is None:  # chosen here, not by the trainer (which prints its choice)
+            print(f"engine=sglang on {device}: {backend.describe()}", flush=True)
+        runner = _model_runner(recipe, backend.backend, device)
         _switch_on_capture(runner, checked.ids, sglang.__version__)
         runner.init_attention_backends()
         runner.init_cuda_graphs()  # graphs are disabled: this builds the eager runner
@@ -196,7 +200,7 @@ def _request(rid: int, doc: list[int]):
     return req
 
 
-def _model_runner(recipe: "SGLangTarget", device: torch.device):
+def _model_runner(recipe: "SGLangTarget", attention_backend: str, device: torch.device):
     """The ModelRunner of this TP rank, weights loaded and KV pools allocated (bench_one_batch.load_model)."""
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.entrypoints.engine import _set_envs_and_config
@@ -208,7 +212,7 @@ def _model_runner(recipe: "SGLangTarget", device: torch.device):
 
     args = ServerArgs(
         model_path=recipe.path, skip_tokenizer_init=True, dtype=DTYPE_NAMES[recipe.dtype], tp_size=recipe.tp_size,
-        mem_fraction_static=recipe.mem_fraction_static, attention_backend=recipe.attention_backend,
+        mem_fraction_static=recipe.mem_fraction_static, attention_backend=attention_backend,
         load_format=recipe.load_format, max_total_tokens=recipe.max_total_tokens, disable_radix_cache=True,
         disable_prefill_cuda_graph=True, disable_decode_cuda_graph=True, random_seed=0,
     )  # fmt: skip

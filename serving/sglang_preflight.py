@@ -19,6 +19,10 @@ For the architecture a target's ``config.json`` names (``architectures[0]``):
    ``forward`` (or that of the language model it wraps) hands ``aux_hidden_states`` to its logits
    processor, which returns them under ``CaptureHiddenMode.FULL``.
 
+Beside it, ``choose_attention_backend`` picks (or checks) the attention backend from the files the
+install carries: SGLang's own Hopper default, fa3, dies at the first prefill where FlashAttention-3
+was left out.
+
 The ids we pass are ours unchanged (``sglang_layer_ids``) and the SGLang export writes the same
 list as ``eagle_aux_hidden_state_layer_ids`` (serving/formats.py), which SGLang's serving hands to
 the same method: one replay covers training and serving. With SGLang importable the engine checks
@@ -395,32 +399,107 @@ def attention_backends(source: SGLangSource) -> list[str]:
     raise ValueError(f"{source.package_dir}/srt/server_args.py defines no ATTENTION_BACKEND_CHOICES")
 
 
-def check_target(
-    path: str | Path, aux_layer_ids: Sequence[int], attention_backend: str | None = None, source_dir: str | Path | None = None
-) -> Preflight:
-    """The preflight of a local target dir against the SGLang source (``find_sglang_source``)."""
+def _source(source_dir: str | Path | None) -> SGLangSource:
     found = find_sglang_source(source_dir)
     if found is None:
         raise ValueError(f"engine=sglang needs SGLang: {INSTALL_HINT} (or point {SOURCE_ENV} at an unpacked sglang wheel)")
-    source = SGLangSource.read(found)
-    if attention_backend is not None and attention_backend not in (known := attention_backends(source)):
-        raise ValueError(
-            f"config engine.sglang.attention_backend: SGLang {source.version} knows no {attention_backend!r} (known: {', '.join(known)})"
-        )
+    return SGLangSource.read(found)
+
+
+def check_target(path: str | Path, aux_layer_ids: Sequence[int], source_dir: str | Path | None = None) -> Preflight:
+    """The preflight of a local target dir against the SGLang source (``find_sglang_source``)."""
     shape = read_target_shape(path)
-    return preflight(source, shape.architecture, shape.num_layers, aux_layer_ids, shape.hidden_size)
+    return preflight(_source(source_dir), shape.architecture, shape.num_layers, aux_layer_ids, shape.hidden_size)
+
+
+# --------------------------------------------------------------------------- the attention backend
+
+HOPPER = 9  # compute capability major where SGLang's default attention backend is fa3 (server_args.py:4407-4459)
+
+
+def _package(site: Path, name: str) -> Path | None:
+    """The dir of installed package ``name``: in ``site`` (where sglang is), else wherever Python finds it (not imported)."""
+    if (site / name).is_dir():
+        return site / name
+    spec = importlib.util.find_spec(name)
+    return Path(list(spec.submodule_search_locations)[0]) if spec is not None and spec.submodule_search_locations else None
+
+
+def backend_unavailable(backend: str, site: Path) -> str | None:
+    """Why this install cannot run attention ``backend`` (None: it can, as far as its files tell).
+
+    fa3 and flashmla are libraries of sgl_kernel that load on first use (an offline wheel set may
+    strip them: sgl_kernel/flash_attn.py raises "Can not import FA3 in sgl_kernel"); flashinfer needs
+    prebuilt kernels or its JIT sources (and nvcc); triton is the triton package. Other backends
+    are not judged here."""
+    if backend in ("fa3", "flashmla"):
+        library = {"fa3": "flash_ops", "flashmla": "flashmla_ops"}[backend]
+        kernel = _package(site, "sgl_kernel")
+        if kernel is None:
+            return "sgl_kernel is not installed"
+        return None if any(kernel.glob(f"{library}*.so")) else f"sgl_kernel/{library}*.so missing"
+    if backend == "flashinfer":
+        package = _package(site, "flashinfer")
+        if package is None:
+            return "flashinfer is not installed"
+        prebuilt = _package(site, "flashinfer_jit_cache") is not None or (package / "data" / "aot").is_dir()
+        sources = (package / "data" / "csrc").is_dir() and (package / "data" / "include").is_dir()
+        return None if prebuilt or sources else "flashinfer has neither prebuilt kernels (flashinfer_jit_cache) nor its JIT sources (flashinfer/data/csrc)"
+    if backend == "triton":
+        return None if _package(site, "triton") is not None else "triton is not installed"
+    return None
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    backend: str
+    reason: str
+
+    def describe(self) -> str:
+        return f"attention backend: {self.backend} ({self.reason})"
+
+
+def choose_attention_backend(
+    requested: str | None, capability: tuple[int, int] | None = None, source_dir: str | Path | None = None
+) -> BackendChoice:
+    """The attention backend the engine runs: ``requested`` (``engine.sglang.attention_backend``) if
+    SGLang knows it and this install can run it, else ValueError naming the setting; with none
+    requested, fa3 on a Hopper GPU (``capability``) when sgl_kernel carries it, otherwise triton."""
+    source = _source(source_dir)
+    site = source.package_dir.parent
+    if requested is not None:
+        if requested not in (known := attention_backends(source)):
+            raise ValueError(f"config engine.sglang.attention_backend: SGLang {source.version} knows no {requested!r} (known: {', '.join(known)})")
+        why = backend_unavailable(requested, site)
+        if why is not None:
+            raise ValueError(
+                f"config engine.sglang.attention_backend: {requested} cannot run with the SGLang install in {site} ({why}); "
+                "set engine.sglang.attention_backend=triton, or null to let StreamDraft choose"
+            )  # fmt: skip
+        return BackendChoice(requested, "engine.sglang.attention_backend")
+    why = backend_unavailable("fa3", site)
+    if why is None and capability is not None and capability[0] != HOPPER:
+        why = f"SGLang picks it on Hopper only; this GPU is sm{capability[0]}{capability[1]}"
+    if why is None:
+        return BackendChoice("fa3", "SGLang's default on Hopper; sgl_kernel carries it")
+    triton = backend_unavailable("triton", site)
+    if triton is not None:
+        raise ValueError(f"engine=sglang: no attention backend can run (fa3: {why}; triton: {triton}); set engine.sglang.attention_backend")
+    return BackendChoice("triton", f"fa3 unavailable: {why}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Check that SGLang captures a target's EAGLE-3 aux states at our ids.")
     parser.add_argument("target", help="local model dir (config.json)")
     parser.add_argument("--aux-layer-ids", type=int, nargs="+", help="outputs of layers k; default [1, N//2-1, N-4]")
+    parser.add_argument("--attention-backend", help="engine.sglang.attention_backend to check (default: choose one)")
     parser.add_argument("--sglang-src", help=f"sglang package dir (default: ${SOURCE_ENV}, else the installed package)")
     args = parser.parse_args(argv)
     from models.target import default_aux_layer_ids
 
     ids = args.aux_layer_ids or default_aux_layer_ids(read_target_shape(args.target).num_layers)
     print(check_target(args.target, ids, source_dir=args.sglang_src).describe())
+    print(choose_attention_backend(args.attention_backend, source_dir=args.sglang_src).describe())
     return 0
 
 

@@ -2,33 +2,44 @@
 source trees written here, and against the real SGLang source when it is present), the config
 mapping to the engine recipe, and the engine's batch layout. Nothing here imports sglang."""
 
+import ast
+import copy
 import importlib.util
 import json
 import pickle
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig
+
 from models.draft import DraftShape
+from models.embedded import embedded_target_dir, plain_config
 from models.sglang_target import check_aux_width, documents, import_sglang, rank_span, to_rows
 from models.target import TargetInfo, default_aux_layer_ids
+from serving.aux_support import dotted_name
 from serving.formats import sglang_config
 from serving.sglang_preflight import (
     SOURCE_ENV,
     SGLangSource,
     attention_backends,
     check_target,
+    choose_attention_backend,
     find_sglang_source,
     preflight,
     read_target_shape,
     sglang_layer_ids,
 )
 from serving.sglang_preflight import main as preflight_main
+from tests.sglang_tiny import is_layer, layer_errors, tiny_deepseek_v3_config
 from tests.tiny import tiny_config
 from trainer.batch import TokenBatch
 from trainer.dist import Parallel
+from trainer.engine_process import EngineError, failure_cause, failure_message
 from trainer.sources import sglang_recipe, target_recipe
 from trainer.stream import TargetSource
 from trainer.target_factory import PathTarget, SGLangTarget
@@ -119,13 +130,37 @@ MODELS = {
 
 
 def write_sglang_tree(root: Path, version: str = "9.9.9") -> Path:
-    """An ``sglang/`` package dir shaped like the wheel's: _version.py, srt/server_args.py, srt/models/."""
+    """An ``sglang/`` package dir shaped like the wheel's: _version.py, srt/server_args.py, srt/models/,
+    beside a triton package (a site dir as pip --target writes it)."""
     package = root / "sglang"
     (package / "srt" / "models").mkdir(parents=True)
     (package / "_version.py").write_text(f"__version__ = version = '{version}'\n")
-    (package / "srt" / "server_args.py").write_text('ATTENTION_BACKEND_CHOICES = [\n    "triton",\n    "fa3",\n]\n')
+    choices = ["triton", "fa3", "flashinfer", "flashmla", "torch_native"]
+    (package / "srt" / "server_args.py").write_text(f"ATTENTION_BACKEND_CHOICES = {choices!r}\n")
     for name, text in MODELS.items():
         (package / "srt" / "models" / name).write_text(textwrap.dedent(text))
+    (root / "triton").mkdir()
+    (root / "triton" / "__init__.py").write_text("")
+    return package
+
+
+def fake_install(root: Path, fa3: bool, flashinfer: str | None) -> Path:
+    """A site dir that mimics an SGLang install: sglang, triton, sgl_kernel (its sm90 ops; the FA3 library
+    only with ``fa3``) and flashinfer as ``flashinfer`` says: None (absent), "bare" (no kernels nor
+    sources, like a stripped wheel), "jit" (data/csrc + data/include) or "cache" (flashinfer_jit_cache)."""
+    package = write_sglang_tree(root)
+    kernel = root / "sgl_kernel"
+    (kernel / "sm90").mkdir(parents=True)
+    (kernel / "sm90" / "common_ops.abi3.so").write_bytes(b"")
+    if fa3:
+        (kernel / "flash_ops.abi3.so").write_bytes(b"")
+    if flashinfer is not None:
+        (root / "flashinfer" / "jit").mkdir(parents=True)
+    if flashinfer == "jit":
+        for sub in ("csrc", "include"):
+            (root / "flashinfer" / "data" / sub).mkdir(parents=True)
+    if flashinfer == "cache":
+        (root / "flashinfer_jit_cache").mkdir()
     return package
 
 
@@ -214,20 +249,53 @@ def test_an_unknown_architecture_names_itself_and_the_version(fake):
         preflight(fake, "GrokForCausalLM", 8, [1, 3, 4])
 
 
-def test_check_target_reads_the_dir_and_the_backend_list(tmp_path, fake):
+def test_check_target_reads_the_dir(tmp_path, fake):
     model = target_dir(tmp_path / "model", "WrapperForConditionalGeneration", 61, hidden=7168, multimodal=True)
     assert read_target_shape(model).num_layers == 61 and read_target_shape(model).hidden_size == 7168
-    assert check_target(model, KIMI_IDS, "fa3", source_dir=fake.package_dir).architecture == "WrapperForConditionalGeneration"
-    with pytest.raises(ValueError, match="config engine.sglang.attention_backend: SGLang 9.9.9 knows no 'flashattn'"):
-        check_target(model, KIMI_IDS, "flashattn", source_dir=fake.package_dir)
+    assert check_target(model, KIMI_IDS, source_dir=fake.package_dir).architecture == "WrapperForConditionalGeneration"
     with pytest.raises(ValueError, match="has no config.json"):
         read_target_shape(tmp_path)
+
+
+HOPPER, AMPERE = (9, 0), (8, 0)
+
+
+@pytest.mark.parametrize("fa3, capability, backend, reason", [
+    (True, HOPPER, "fa3", "SGLang's default on Hopper; sgl_kernel carries it"),
+    (False, HOPPER, "triton", "fa3 unavailable: sgl_kernel/flash_ops*.so missing"),
+    (True, AMPERE, "triton", "fa3 unavailable: SGLang picks it on Hopper only; this GPU is sm80"),
+    (True, None, "fa3", "SGLang's default on Hopper; sgl_kernel carries it"),
+])  # fmt: skip
+def test_the_backend_is_chosen_from_what_the_install_carries(tmp_path, fa3, capability, backend, reason):
+    package = fake_install(tmp_path, fa3=fa3, flashinfer="bare")
+    choice = choose_attention_backend(None, capability, source_dir=package)
+    assert (choice.backend, choice.reason) == (backend, reason)
+    assert choice.describe() == f"attention backend: {backend} ({reason})"
+
+
+def test_an_explicit_backend_is_checked_against_the_install(tmp_path):
+    stripped = fake_install(tmp_path / "stripped", fa3=False, flashinfer="bare")
+    for requested, why in [("fa3", r"sgl_kernel/flash_ops\*\.so missing"), ("flashmla", r"sgl_kernel/flashmla_ops\*\.so missing"),
+                           ("flashinfer", "neither prebuilt kernels .* nor its JIT sources")]:  # fmt: skip
+        with pytest.raises(ValueError, match=f"config engine.sglang.attention_backend: {requested} cannot run .*{why}.*attention_backend=triton"):
+            choose_attention_backend(requested, HOPPER, source_dir=stripped)
+    assert choose_attention_backend("triton", HOPPER, source_dir=stripped).backend == "triton"
+    with pytest.raises(ValueError, match="config engine.sglang.attention_backend: SGLang 9.9.9 knows no 'flashattn'"):
+        choose_attention_backend("flashattn", HOPPER, source_dir=stripped)
+    for flashinfer in ("jit", "cache"):
+        full = fake_install(tmp_path / flashinfer, fa3=True, flashinfer=flashinfer)
+        assert choose_attention_backend("flashinfer", HOPPER, source_dir=full).reason == "engine.sglang.attention_backend"
+        assert choose_attention_backend("fa3", HOPPER, source_dir=full).backend == "fa3"
+    with pytest.raises(ValueError, match="flashinfer is not installed"):
+        choose_attention_backend("flashinfer", HOPPER, source_dir=fake_install(tmp_path / "none", fa3=True, flashinfer=None))
 
 
 def test_the_preflight_command(tmp_path, fake, capsys):
     model = target_dir(tmp_path / "model", "LlamaForCausalLM", 8)
     assert preflight_main([str(model), "--sglang-src", str(fake.package_dir)]) == 0  # default ids [1, 3, 4]
-    assert "with [1, 3, 4] captures the inputs of layers [2, 4, 5]" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "with [1, 3, 4] captures the inputs of layers [2, 4, 5]" in out
+    assert "attention backend: triton (fa3 unavailable: sgl_kernel is not installed)" in out
 
 
 def test_the_source_is_found_by_env_var_or_not_at_all(tmp_path, fake, monkeypatch):
@@ -267,6 +335,42 @@ def test_real_targets_that_capture_pass(real, architecture):
 def test_real_targets_without_capture_fail_clearly(real, architecture):
     with pytest.raises(ValueError, match=f"{architecture} with SGLang {real.version}: .* neither defines nor inherits"):
         preflight(real, architecture, 32, [1, 15, 28])
+
+
+def test_the_neighbour_check_catches_an_off_by_one():
+    """The GPU test's check on transformers' own layer outputs of the tiny DeepSeek-V3 (bf16): each layer
+    passes as itself with bf16-sized noise added, and fails in place of its neighbours k - 1 and k + 1."""
+    torch.manual_seed(0)
+    model = DeepseekV3ForCausalLM(tiny_deepseek_v3_config()).to(torch.bfloat16)
+    ids = torch.randint(1, 512, (2, 32))
+    with torch.no_grad():  # hidden_states[j + 1]: the output of layer j; the last entry is after the final norm
+        states = model.model(input_ids=ids, output_hidden_states=True).hidden_states
+    outputs = [h.float().flatten(0, 1) for h in states[1:-1]]  # layers 0 .. N-2
+    for k in (1, 3, 4):
+        noisy = outputs[k] * (1 + 0.02 * torch.randn_like(outputs[k]))
+        assert is_layer(layer_errors(noisy, outputs), k)
+        assert not is_layer(layer_errors(outputs[k + 1], outputs), k) and not is_layer(layer_errors(outputs[k - 1], outputs), k)
+
+
+# read only where guarded: hasattr(config, "num_nextn_predict_layers"); rope_theta / rope_scaling when the config
+# has no rope_parameters; quantization_config for fp8 shared experts
+GUARDED_DEEPSEEK_FIELDS = {"num_nextn_predict_layers", "rope_theta", "rope_scaling", "quantization_config"}
+
+
+def test_the_tiny_deepseek_v3_config_has_every_field_sglang_reads(real, tmp_path):
+    """Every ``config.X`` / ``self.config.X`` that SGLang's DeepSeek-V2/V3 model code reads, on the tiny
+    config as saved (config.json) and read back: a field it lacks kills the engine at build."""
+    files = [real.package_dir / "srt" / "models" / "deepseek_v2.py", *(real.package_dir / "srt" / "models" / "deepseek_common").glob("*.py")]
+    read = set()
+    for file in files:
+        for n in ast.walk(ast.parse(file.read_text())):
+            if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and dotted_name(n.value) in ("config", "self.config"):
+                read.add(n.attr)
+    assert {"moe_layer_freq", "topk_method", "scoring_func", "n_routed_experts"} <= read  # the reads are found
+    tiny_deepseek_v3_config().save_pretrained(tmp_path)
+    saved = DeepseekV3Config.from_pretrained(tmp_path)
+    missing = sorted(f for f in read - GUARDED_DEEPSEEK_FIELDS if not hasattr(saved, f))
+    assert not missing, f"SGLang {real.version} deepseek_v2.py reads {missing}, which the tiny config lacks"
 
 
 def test_real_attention_backends(real):
@@ -312,13 +416,15 @@ def test_bad_engine_values_name_the_key(overrides, key):
 
 def test_target_recipe_per_engine(tmp_path, fake, monkeypatch):
     model = target_dir(tmp_path / "model", "WrapperForConditionalGeneration", 61, multimodal=True)
-    gpu = Parallel(rank=0, world=2, local_rank=1, device=torch.device("cuda", 1))  # no CUDA call is made
+    gpu = Parallel(rank=0, world=2, local_rank=1, device=torch.device("cuda", 1))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: HOPPER)  # the only CUDA call made
     assert isinstance(target_recipe(tiny_config(), [1, 14, 26], torch.float32, gpu), PathTarget)
     cfg = tiny_config("engine=sglang", "engine.sglang.tp_size=2", "target=local", f"target.path={model}")
     monkeypatch.setenv(SOURCE_ENV, str(fake.package_dir))
     monkeypatch.setenv("LOCAL_SIZE", "2")
     recipe = target_recipe(cfg, KIMI_IDS, torch.bfloat16, gpu)  # preflight passes
     assert isinstance(recipe, SGLangTarget) and (recipe.tp_rank, recipe.dist_port) == (1, 29650)
+    assert recipe.attention_backend == "triton"  # the fake install carries no sgl_kernel
     with pytest.raises(ValueError, match="captures the inputs of layers"):
         target_recipe(cfg, [2, 30, 57], torch.bfloat16, gpu)
     with pytest.raises(ValueError, match="config engine.name: sglang runs the target on CUDA GPUs"):
@@ -326,6 +432,29 @@ def test_target_recipe_per_engine(tmp_path, fake, monkeypatch):
     monkeypatch.setenv("LOCAL_SIZE", "3")
     with pytest.raises(ValueError, match="config engine.sglang.tp_size: 2 does not divide the 3 trainer ranks"):
         target_recipe(cfg, KIMI_IDS, torch.bfloat16, gpu)
+
+
+def test_engine_sglang_on_the_embedded_default_uses_its_dequantised_dir(real, monkeypatch):
+    cfg = tiny_config("engine=sglang")
+    assert cfg.target.path is None
+    recipe = sglang_recipe(cfg.target, cfg.engine, [1, 14, 26], torch.bfloat16, 0)
+    assert recipe.path == str(embedded_target_dir())
+    checked = check_target(recipe.path, [1, 14, 26], source_dir=real.package_dir)  # a LlamaForCausalLM dir SGLang reads
+    assert checked.architecture == "LlamaForCausalLM" and checked.ids.layer_inputs == [2, 15, 27]
+
+
+def test_the_embedded_config_is_plain_with_or_without_a_quantization_config():
+    """transformers 5.24 records a quantization_config on a GGUF-loaded config, 5.8.1 (SGLang's pin) none."""
+    without = LlamaConfig(num_hidden_layers=30, hidden_size=576, vocab_size=49152, architectures=["LlamaModel"])
+    assert not hasattr(without, "quantization_config")
+    with_it = copy.deepcopy(without)
+    with_it.quantization_config = {"quant_method": "gguf"}
+    for loaded in (without, with_it):
+        config = plain_config(loaded, Path("x.gguf"))
+        assert not hasattr(config, "quantization_config") and config.architectures == ["LlamaForCausalLM"]
+    assert hasattr(with_it, "quantization_config")  # the loaded config is left as it was
+    with pytest.raises(ValueError, match="x.gguf: hidden_size is 64, expected 576"):
+        plain_config(LlamaConfig(num_hidden_layers=30, hidden_size=64, vocab_size=49152), Path("x.gguf"))
 
 
 # --------------------------------------------------------------------------- the engine's batch layout
@@ -370,3 +499,43 @@ def test_without_sglang_the_engine_says_how_to_install_it():
         import_sglang()
     with pytest.raises(ImportError, match="SGLang 0.5.14"):
         SGLangTarget(path="/models/x").build(torch.device("cpu"))
+
+
+# --------------------------------------------------------------------------- faults: the cause and the setting to change
+
+
+@dataclass(frozen=True)
+class OutOfMemoryTarget:
+    """An engine recipe whose build runs out of GPU memory, as SGLang's weight load or KV pool can."""
+
+    def build(self, device: torch.device):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 GiB")
+
+
+@pytest.mark.parametrize("traceback_tail, setting", [
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "engine.sglang.mem_fraction_static"),
+    ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: mem_fraction_static=0.3",
+     "raise engine.sglang.mem_fraction_static"),
+    ("ImportError: Can not import FA3 in sgl_kernel. Please check your installation.", "engine.sglang.attention_backend=triton"),
+    ("RuntimeError: Ninja build failed. Ninja output:\nnvcc fatal : Unsupported gpu architecture 'compute_90a'", "~/.cache/tvm-ffi"),
+    ("RuntimeError: ninja exited with status 1\nstderr:\n/bin/sh: 1: nvcc: not found", "CUDA_HOME"),
+])  # fmt: skip
+def test_an_engine_failure_names_its_cause_and_the_setting(traceback_tail, setting):
+    traceback = f'Traceback (most recent call last):\n  File "models/sglang_target.py", line 118, in start\n{traceback_tail}\n'
+    message = failure_message(traceback)
+    assert setting in failure_cause(traceback)
+    assert message.startswith(f"the engine process failed: {failure_cause(traceback)}") and traceback in message
+    assert message.endswith(f"cause: {failure_cause(traceback)}")  # also last: what a terminal shows
+
+
+def test_an_unknown_engine_failure_keeps_its_traceback():
+    traceback = "Traceback (most recent call last):\nValueError: poisoned batch\n"
+    assert failure_cause(traceback) is None and failure_message(traceback) == f"the engine process failed; its traceback:\n{traceback}"
+
+
+def test_an_engine_out_of_gpu_memory_stops_the_trainer_with_the_setting():
+    with pytest.raises(EngineError) as err:
+        TargetSource(OutOfMemoryTarget()).colocated(SimpleNamespace(slots=2, slot_tokens=64, start_timeout_s=120.0), torch.device("cpu"))
+    text = str(err.value)
+    assert text.startswith("the engine process failed: the engine ran out of GPU memory: lower data.max_tokens")
+    assert "torch.OutOfMemoryError: CUDA out of memory" in text and "engine.sglang.mem_fraction_static" in text

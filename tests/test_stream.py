@@ -449,6 +449,7 @@ def test_bench_throughput_tiny(tmp_path):
     assert json.loads((tmp_path / "bench.json").read_text())["rows"][0]["mode"] == "inprocess"
     rows = {r["mode"]: r for r in report["rows"]}
     assert set(rows) == {"inprocess", "colocated", "offline"}
+    assert report["skipped"] == {"sglang": "needs a CUDA GPU"}  # a default mode, skipped and said so on the CPU
     assert all(r["tokens_per_s"] > 0 and 0 <= r["stall_fraction"] <= 1 for r in rows.values())
     assert report["equivalence"]["colocated"] == {"features_equal": True, "max_checksum_diff": 0.0, "max_loss_diff": 0.0}
     assert report["equivalence"]["offline"]["features_equal"]
@@ -456,3 +457,12 @@ def test_bench_throughput_tiny(tmp_path):
     assert rows["colocated"]["disk_bytes_per_token"] < feature_bytes_per_token / 20
     assert rows["offline"]["feature_file_bytes_per_token"] >= feature_bytes_per_token
     assert report["flops_per_token"]["total"] > 0 and not list(tmp_path.glob("streamdraft-offline-*"))
+
+
+def test_bench_compares_features_without_the_sglang_mode():
+    sys.path.insert(0, str(ROOT))
+    from launch.bench_throughput import compare
+
+    row = lambda mode, loss: {"mode": mode, "checksums": [[1.0, 2.0]], "losses": [loss]}  # noqa: E731
+    rows = [{"mode": "sglang", "checksums": [[9.0, 9.0]], "losses": [5.0]}, row("inprocess", 1.0), row("colocated", 1.25)]
+    assert compare(rows) == {"colocated": {"features_equal": True, "max_checksum_diff": 0.0, "max_loss_diff": 0.25}}

@@ -123,7 +123,7 @@ class SGLangConfig:
 
     tp_size: int = 1  # GPUs one copy of the target spans; consecutive local ranks form a group
     mem_fraction_static: float = 0.5  # of the GPU memory free when the engine starts: weights + KV pool
-    attention_backend: Optional[str] = None  # one of SGLang's ATTENTION_BACKEND_CHOICES; None: SGLang picks
+    attention_backend: Optional[str] = None  # one of SGLang's ATTENTION_BACKEND_CHOICES; None: fa3 on Hopper if installed, else triton
     load_format: str = "auto"  # auto: the checkpoint's weights | dummy: random weights (benchmarks)
     max_total_tokens: Optional[int] = None  # KV pool tokens; None: what mem_fraction_static leaves
     dist_port: int = 29650  # 127.0.0.1 rendezvous port of TP group 0; group g uses dist_port + g

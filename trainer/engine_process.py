@@ -19,7 +19,9 @@ slot's ``ready`` event (see ``trainer.feature_ring``).
 Failure and shutdown:
 - any exception in the engine process is sent to the trainer as ``Failed`` with the
   engine's formatted traceback; the engine then exits with code 1, and the trainer raises
-  ``EngineError`` carrying that traceback;
+  ``EngineError`` carrying that traceback, led by its cause and the setting to change when the
+  traceback shows a known one (``FAILURE_CAUSES``: GPU memory, a missing FlashAttention-3, a
+  failed JIT kernel build);
 - an engine that dies without a word (killed, out of memory) is noticed by the trainer
   within ``POLL_S`` while it waits, and raises ``EngineError`` with the exit code;
 - the trainer stops the engine with ``Stop`` (then terminate, then kill); a
@@ -60,6 +62,38 @@ STOP_TIMEOUT_S = 30.0  # from Stop to terminate
 
 class EngineError(RuntimeError):
     """The engine process failed or died; the message carries its traceback or exit code."""
+
+
+# What an engine's traceback shows -> its cause and the setting to change; the first match wins.
+FAILURE_CAUSES: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("Not enough memory. Please try to increase --mem-fraction-static", "Loaded weights leave no GPU memory for the KV cache"),
+     "SGLang's weights leave no room for its KV pool: raise engine.sglang.mem_fraction_static (its share of the free GPU "
+     "memory for weights + KV pool), or give the target more GPUs (engine.sglang.tp_size)"),
+    (("torch.OutOfMemoryError", "CUDA out of memory", "CUDA error: out of memory"),
+     "the engine ran out of GPU memory: lower data.max_tokens (the tokens one batch prefills; engine.slot_tokens follows it) "
+     "or, with engine=sglang, engine.sglang.mem_fraction_static (SGLang's static share: weights + KV pool)"),
+    (("Can not import FA3 in sgl_kernel",),
+     "this SGLang install has no FlashAttention-3 (sgl_kernel/flash_ops*.so): set engine.sglang.attention_backend=triton, "
+     "or null to use a backend the install carries"),
+    (("Ninja build failed", "ninja exited with status", "Error building extension", "Could not find CUDA installation",
+      "Could not find nvcc", "nvcc not found"),
+     "a JIT kernel build failed in the engine (SGLang and flashinfer compile kernels with nvcc on first use): put CUDA's "
+     "nvcc on PATH or set CUDA_HOME, or restore the kernel caches ~/.cache/tvm-ffi and ~/.cache/flashinfer (docs/SGLANG.md); "
+     "engine.sglang.attention_backend=triton avoids flashinfer's attention builds"),
+)  # fmt: skip
+
+
+def failure_cause(traceback: str) -> str | None:
+    """The cause and the setting to change for an engine's traceback, when it shows a known one."""
+    return next((cause for marks, cause in FAILURE_CAUSES if any(m in traceback for m in marks)), None)
+
+
+def failure_message(traceback: str) -> str:
+    """The EngineError text for an engine that reported ``traceback``: the cause first and last, when known."""
+    cause = failure_cause(traceback)
+    if cause is None:
+        return f"the engine process failed; its traceback:\n{traceback}"
+    return f"the engine process failed: {cause}\nits traceback:\n{traceback}\ncause: {cause}"
 
 
 # --------------------------------------------------------------------------- messages
@@ -451,7 +485,7 @@ class EngineProcess:
                     continue
             if isinstance(msg, Failed):
                 self._shutdown()
-                raise EngineError(f"the engine process failed; its traceback:\n{msg.traceback}")
+                raise EngineError(failure_message(msg.traceback))
             return msg
 
     def _last_words(self):

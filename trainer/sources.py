@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -13,7 +13,7 @@ import torch
 from models.embedded import embedded_target_dir
 from models.target import HFTargetEngine, load_tokenizer
 from models.target_head import TargetHead, checkpoint_bytes
-from serving.sglang_preflight import check_target
+from serving.sglang_preflight import check_target, choose_attention_backend
 from trainer.config import Config, DataConfig, DataSourceConfig, EngineConfig, TargetConfig, TrainConfig
 from trainer.data import (
     Batcher,
@@ -94,13 +94,13 @@ def with_eval_target(target: TargetBundle, cfg: TrainConfig, device: torch.devic
 
 def sglang_recipe(target: TargetConfig, engine: EngineConfig, ids: Sequence[int], dtype: torch.dtype, local_rank: int) -> SGLangTarget:
     """engine=sglang's recipe for the engine process of ``local_rank``: rank ``local_rank % tp_size``
-    of TP group ``local_rank // tp_size``, which meets on port ``dist_port + group``."""
+    of TP group ``local_rank // tp_size``, which meets on port ``dist_port + group``. With no
+    ``target.path`` SGLang loads the embedded default's dequantised dir (``embedded_target_dir``)."""
     s = engine.sglang
-    if target.path is None:
-        raise ValueError("config target.path: engine=sglang needs a local model dir (the embedded default is a GGUF file for transformers)")
+    path = target.path if target.path is not None else embedded_target_dir()
     group, rank = divmod(local_rank, s.tp_size)
     return SGLangTarget(
-        path=str(target.path), aux_layer_ids=tuple(ids), dtype=dtype, tp_size=s.tp_size, tp_rank=rank, dist_port=s.dist_port + group,
+        path=str(path), aux_layer_ids=tuple(ids), dtype=dtype, tp_size=s.tp_size, tp_rank=rank, dist_port=s.dist_port + group,
         mem_fraction_static=s.mem_fraction_static, attention_backend=s.attention_backend, load_format=s.load_format,
         max_total_tokens=s.max_total_tokens,
     )  # fmt: skip
@@ -113,7 +113,8 @@ def local_world_size(par: Parallel) -> int:
 
 def target_recipe(cfg: Config, ids: Sequence[int], dtype: torch.dtype, par: Parallel) -> TargetFactory:
     """The recipe an engine process builds the target from, per ``engine.name``. For sglang the
-    preflight runs here, before any weight is loaded or any step is taken (serving/sglang_preflight.py)."""
+    preflight runs here, before any weight is loaded or any step is taken, and picks the attention
+    backend this install can run (serving/sglang_preflight.py)."""
     if cfg.engine.name == "hf":
         return PathTarget(cfg.target.path, tuple(ids), dtype)
     if par.device.type != "cuda":
@@ -122,8 +123,11 @@ def target_recipe(cfg: Config, ids: Sequence[int], dtype: torch.dtype, par: Para
     if local % tp:
         raise ValueError(f"config engine.sglang.tp_size: {tp} does not divide the {local} trainer ranks of a node (each runs one TP rank)")
     recipe = sglang_recipe(cfg.target, cfg.engine, ids, dtype, par.local_rank)
-    check_target(recipe.path, ids, recipe.attention_backend)
-    return recipe
+    check_target(recipe.path, ids)
+    choice = choose_attention_backend(recipe.attention_backend, torch.cuda.get_device_capability(par.device))
+    if par.rank == 0:
+        print(f"engine=sglang: {choice.describe()}", flush=True)
+    return replace(recipe, attention_backend=choice.backend)
 
 
 @dataclass

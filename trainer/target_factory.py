@@ -97,7 +97,7 @@ class SGLangTarget:
     tp_rank: int = 0
     dist_port: int = 29650  # the group's rendezvous port on 127.0.0.1
     mem_fraction_static: float = 0.5  # of the GPU memory free at start: weights + KV pool
-    attention_backend: str | None = None  # None: SGLang picks for the model and GPU
+    attention_backend: str | None = None  # None: fa3 on Hopper where sgl_kernel carries it, else triton (serving.sglang_preflight)
     load_format: str = "auto"  # auto | dummy (random weights, for benchmarks)
     max_total_tokens: int | None = None  # KV pool tokens; None: what mem_fraction_static leaves
 
