@@ -1,6 +1,8 @@
 """The SGLang export: round trip, config fields, exact tensor names, strict loading."""
 
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -322,3 +324,15 @@ def test_export_refuses_a_vocab_map_of_other_sizes(tmp_path):
     vocab = build_vocab_map(torch.arange(300), 50)
     with pytest.raises(ValueError, match="does not fit the draft"):
         export_sglang(tmp_path / "x", draft, vocab, AUX_IDS, norm_output=False)
+
+
+def test_export_is_readable_by_other_users(tmp_path):
+    """A server running as another user reads the export: the umask's modes, weights included."""
+    old = os.umask(0o022)
+    try:
+        out, _, _ = _export(tmp_path)
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert modes == {"config.json": 0o644, "model.safetensors": 0o644}
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
