@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 from models.draft import DraftShape, Eagle3Draft
 from models.vocab_map import build_vocab_map
 from serving.export import export_sglang, load_export
+from serving.formats import read_export_config
 
 # hidden 64 != target hidden 48: SGLang keeps the draft's own embedding, so it is exported.
 CARRIED = DraftShape(
@@ -92,7 +93,8 @@ def test_fp32_round_trip_gives_identical_logits(tmp_path):
     assert torch.equal(back_vocab.d2t, vocab.d2t) and torch.equal(back_vocab.t2d, vocab.t2d)
     for a, b in zip(_run(draft), _run(back)):
         assert torch.equal(a, b)
-    assert config["norm_output"] is False
+    assert "norm_output" not in config and "SpecForge" in config["streamdraft"]["norm_output_key"]
+    assert read_export_config(out).norm_output is False
 
 
 def test_shared_embedding_round_trip(tmp_path):
@@ -196,7 +198,7 @@ def test_config_reads_as_sglang_sees_it(tmp_path):
     assert (c.draft_vocab_size, c.vocab_size, c.target_hidden_size, c.hidden_size) == (100, 300, 48, 64)
     assert c.head_dim == 16 and c.num_hidden_layers == 1 and c.hidden_act == "silu"
     assert c.eagle_config["eagle_aux_hidden_state_layer_ids"] == AUX_IDS
-    assert c.norm_output is False
+    assert not hasattr(c, "norm_output")  # SGLang: getattr(config, "norm_output", False)
     rope = getattr(c, "rope_parameters", None) or {"rope_theta": c.rope_theta}
     assert rope["rope_theta"] == 500000.0
 
@@ -252,7 +254,7 @@ def test_corrupt_vocab_map_in_export_is_refused(tmp_path):
     [
         (lambda c: c.update(tie_word_embeddings=True), "tie_word_embeddings must be false"),
         (lambda c: c.pop("draft_vocab_size"), "lacks field(s) ['draft_vocab_size']"),
-        (lambda c: c.pop("norm_output"), "lacks field(s) ['norm_output']"),
+        (lambda c: c.update(norm_output="no"), "norm_output must be true or false"),
         (lambda c: c.update(architectures=["LlamaForCausalLM"]), "architectures must be"),
         (lambda c: c.update(num_hidden_layers=2), "num_hidden_layers must be 1"),
         (lambda c: c.update(use_aux_norm=True), "fc_norm / use_aux_norm"),
