@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -94,12 +95,56 @@ class Window:
 
 
 class Stop(Exception):
-    """Raised inside the loop when a signal asked the run to stop after the current step."""
+    """A stop signal (SIGINT, SIGTERM) ended the run: after the current step while training, at once otherwise."""
+
+
+STARTUP, UNTRAINED_EVAL, TRAINING = "start-up", "untrained-draft eval", "training"
+END_EVAL, SERVING_EVAL, REPORT = "end-of-run held-out eval", "end-of-run export, verify and serving eval", "summary and report"
+PHASES = (STARTUP, UNTRAINED_EVAL, TRAINING, END_EVAL, SERVING_EVAL, REPORT)
+CHECKPOINTS = "checkpoints"  # the run dir's checkpoint folder
+
+
+@dataclass
+class StopSignals:
+    """The run's phase and the stop signal received, shared by the signal handlers and the trainer.
+
+    While training, a first signal stops the run after the current step (which saves a
+    checkpoint); in every other phase, or on a second signal, ``Stop`` is raised at once."""
+
+    phase: str = STARTUP
+    received: str | None = None
+
+    def enter(self, phase: str) -> None:
+        """Begin ``phase``; Stop if a signal came while training deferred it."""
+        self.phase = phase
+        if self.received is not None:
+            raise Stop()
+
+    def handler(self, signum, frame) -> None:
+        first, self.received = self.received is None, signal.Signals(signum).name
+        if self.phase != TRAINING or not first:
+            raise Stop()
+
+    def exit_code(self) -> int:
+        return 128 + signal.Signals[self.received].value  # what a shell reports for a process the signal ended
+
+    def message(self, ckpt_root: Path, run_dir: Path) -> str:
+        skipped = [f"the rest of the {self.phase}", *PHASES[PHASES.index(self.phase) + 1 :]]
+        head = f"stopped by {self.received} during the {self.phase}: skipped {'; '.join(skipped)}"
+        kept = ckpt.latest(ckpt_root)
+        if kept is None:
+            return f"{head}.\nNo checkpoint yet: run the same command again to start over."
+        step = ckpt.read_meta(kept)["position"]["step"]
+        return (
+            f"{head}.\nCheckpoint step {step} kept: {kept}\nResume (it redoes what was skipped) with the same overrides "
+            f"plus: trainer.resume=auto hydra.run.dir={run_dir}"
+        )
 
 
 class Trainer:
-    def __init__(self, cfg: Config, run_dir: Path, par: Parallel | None = None):
+    def __init__(self, cfg: Config, run_dir: Path, par: Parallel | None = None, signals: StopSignals | None = None):
         self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.signals = signals or StopSignals()
         self.par = par or init_parallel(resolve_device(cfg.trainer.device))
         torch.manual_seed(cfg.trainer.seed)
         self.dtype = _dtype(cfg.target.dtype, self.par.device)
@@ -110,7 +155,7 @@ class Trainer:
         self.loader = self.data.train_loader(train_batcher(cfg.data, self.target.pad_id), self.par.rank, self.par.world)
         self.eval_samples = self.data.eval_samples()
         self.prompts, self.prompt_origin = eval_prompt_set(cfg, self.data)
-        self.ckpt_root = self.run_dir / "checkpoints"
+        self.ckpt_root = self.run_dir / CHECKPOINTS
         resume_from = self._resume_path()
         built = self._vocab_map(self.loader.epoch_samples(0))  # an epoch of the mix: counts follow its weights
         self.vocab = VocabMap.load(resume_from / ckpt.VOCAB_FILE) if resume_from else built
@@ -119,7 +164,6 @@ class Trainer:
         self.total_steps = self._total_steps()
         self.engine = self._deepspeed_engine()
         self.step, self.pos, self.nonfinite, self.resumed_from = 0, ckpt.Position(0, 0, 0), 0, resume_from
-        self.stop_signal: str | None = None
         self.out_of_time, self.train_s, self.tokens_local = False, 0.0, 0  # this process's training seconds and tokens (this rank)
         if resume_from:
             self._resume(resume_from, built)
@@ -320,7 +364,7 @@ class Trainer:
                 sink.log(_metrics_only(served) | progress, step=self.step)
         if every.max_time_s is not None:
             self.out_of_time = not self._all_agree(self.train_s < every.max_time_s)
-        stop = not self._all_agree(self.stop_signal is None)
+        stop = not self._all_agree(self.signals.received is None)
         if (every.checkpoint_every and self.step % every.checkpoint_every == 0) or stop:
             self.save()
         if stop:
@@ -374,14 +418,18 @@ class Trainer:
         """Evaluate the untrained draft, train, export, evaluate again; returns the summary."""
         start = time.perf_counter()
         sink = M.MetricsSink(self.cfg.wandb, self.run_dir, asdict(self.cfg), resume=self.resumed_from is not None) if self.par.is_main else None
+        self.signals.enter(UNTRAINED_EVAL)
         untrained = None if self.resumed_from else self.evaluate()
         if sink is not None and untrained is not None:
             sink.log(untrained, step=0)
         try:
+            self.signals.enter(TRAINING)
             self._train(sink)
+            self.signals.enter(END_EVAL)
             trained = self.evaluate()
         finally:
             self.target_source.close()
+        self.signals.enter(SERVING_EVAL)
         served, progress = self.serve_eval(), self._progress()
         trained |= _metrics_only(served)
         summary = {
@@ -456,13 +504,9 @@ def _shard_overlap(trainer: Trainer) -> int:
     return sum(len(a & b) for i, a in enumerate(every) for b in every[i + 1 :])
 
 
-def _stop_on_signals(trainer: Trainer) -> dict:
-    """SIGTERM / SIGINT ask the trainer to stop after the current step; returns the old handlers."""
-
-    def handler(signum, frame) -> None:
-        trainer.stop_signal = signal.Signals(signum).name
-
-    return {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+def _stop_on_signals(signals: StopSignals) -> dict:
+    """SIGTERM / SIGINT stop the run (``StopSignals``); returns the old handlers."""
+    return {s: signal.signal(s, signals.handler) for s in (signal.SIGTERM, signal.SIGINT)}
 
 
 def run(cfg: Config, run_dir: Path) -> dict:
@@ -470,19 +514,23 @@ def run(cfg: Config, run_dir: Path) -> dict:
     par = init_parallel(resolve_device(cfg.trainer.device))
     run_dir = _shared_run_dir(run_dir / cfg.trainer.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(cfg, run_dir, par)
-    previous = _stop_on_signals(trainer)
+    signals = StopSignals()
+    previous = _stop_on_signals(signals)
     try:
-        summary = trainer.fit()
+        return _run(cfg, run_dir, par, signals)
     except Stop:
-        raise SystemExit(
-            f"stopped by {trainer.stop_signal} after step {trainer.step}; checkpoint saved to "
-            f"{ckpt.latest(trainer.ckpt_root)}.\nResume with the same overrides plus: "
-            f"trainer.resume=auto hydra.run.dir={run_dir}"
-        ) from None
+        if par.is_main:
+            print(signals.message(run_dir / CHECKPOINTS, run_dir), file=sys.stderr, flush=True)
+        raise SystemExit(signals.exit_code()) from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _run(cfg: Config, run_dir: Path, par: Parallel, signals: StopSignals) -> dict:
+    trainer = Trainer(cfg, run_dir, par, signals)
+    summary = trainer.fit()
+    signals.enter(REPORT)
     checksums = [None] * par.world
     torch.distributed.all_gather_object(checksums, _draft_checksum(trainer))
     summary["draft_checksums"] = checksums
