@@ -200,6 +200,7 @@ class TrainConfig:
     eval_prompts_file: Optional[str] = None  # a prompt jsonl (serving/prompts.py) instead of the held-out conversations
     spec_tokens: int = 5  # draft tokens a speculative step proposes (chain), at evaluation and in the exports
     eval_max_new_tokens: int = 64  # tokens generated per held-out prompt at evaluation
+    peak_tflops: Optional[float] = None  # a device's peak FLOP/s for perf/mfu; None: 790 (H200 bf16) on CUDA, no MFU on CPU
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 1, "trainer.epochs", "must be >= 1")
@@ -215,6 +216,7 @@ class TrainConfig:
         _require(self.max_time_s is None or self.max_time_s > 0, "trainer.max_time_s", "must be positive")
         _require(self.device in ("auto", "cpu", "cuda"), "trainer.device", f"{self.device!r} is not auto, cpu or cuda")
         _require(self.log_every >= 1, "trainer.log_every", "must be >= 1")
+        _require(self.peak_tflops is None or self.peak_tflops > 0, "trainer.peak_tflops", "must be positive")
 
 
 @dataclass

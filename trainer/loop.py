@@ -20,6 +20,7 @@ from trainer import metrics as M
 from trainer.batch import FeatureBatch, TokenBatch
 from trainer.config import Config
 from trainer.data import EncodedSample, token_batches
+from trainer.flops import device_peak_tflops, flops_per_token, mfu
 from serving.pipeline import export_verify_eval
 from serving.prompts import PromptSpec, prompts_from_conversations, read_prompt_file
 from trainer.dist import Parallel, init_parallel, resolve_device
@@ -84,14 +85,16 @@ class Window:
 
     stats: StepStats | None = None
     tokens: int = 0
+    flops: float = 0.0  # model FLOPs of those tokens (trainer.flops)
     target_s: float = 0.0
     draft_s: float = 0.0
     steps: int = 0
     start: float = field(default_factory=time.perf_counter)
 
-    def add(self, stats: StepStats, tokens: int, target_s: float, draft_s: float) -> None:
+    def add(self, stats: StepStats, tokens: int, flops: float, target_s: float, draft_s: float) -> None:
         self.stats = stats if self.stats is None else self.stats.add(stats)
-        self.tokens, self.target_s, self.draft_s = self.tokens + tokens, self.target_s + target_s, self.draft_s + draft_s
+        self.tokens, self.flops = self.tokens + tokens, self.flops + flops
+        self.target_s, self.draft_s = self.target_s + target_s, self.draft_s + draft_s
 
 
 class Stop(Exception):
@@ -163,6 +166,7 @@ class Trainer:
         self.t2d = self.vocab.t2d.to(self.par.device)
         self.total_steps = self._total_steps()
         self.engine = self._deepspeed_engine()
+        self.peak_tflops = device_peak_tflops(cfg.trainer.peak_tflops, self.par.device.type)  # None: no perf/mfu
         self.step, self.pos, self.nonfinite, self.resumed_from = 0, ckpt.Position(0, 0, 0), 0, resume_from
         self.out_of_time, self.train_s, self.tokens_local = False, 0.0, 0  # this process's training seconds and tokens (this rank)
         if resume_from:
@@ -314,17 +318,24 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
 
+    def _flops(self, fb: FeatureBatch, tokens: int) -> float:
+        """Model FLOPs of ``tokens`` trained tokens of ``fb``, the count launch/bench_throughput.py uses."""
+        shape, seq = self.engine.module.draft.shape, fb.tokens.input_ids.shape[1]
+        return tokens * flops_per_token(self.target.engine.model.config, shape, seq, self.cfg.draft.ttt_steps)["total"]
+
     def _log_row(self, w: Window) -> dict[str, float]:
-        packed = torch.tensor([float(w.tokens)], device=self.par.device)
+        packed = torch.tensor([float(w.tokens), w.flops], dtype=torch.float64, device=self.par.device)
         torch.distributed.all_reduce(packed)
         wall, n = time.perf_counter() - w.start, max(1, w.steps)
         row = w.stats.all_reduce(self.par.device).report("train") if w.stats is not None else {}
         row.update(self._progress())
         row.update({
-            M.LR: self.engine.get_lr()[0], M.TOKENS_PER_S: packed.item() / wall, M.STEP_TIME: wall / n,
+            M.LR: self.engine.get_lr()[0], M.TOKENS_PER_S: packed[0].item() / wall, M.STEP_TIME: wall / n,
             M.TARGET_TIME: w.target_s / n, M.DRAFT_TIME: w.draft_s / n, M.NONFINITE: float(self.nonfinite),
             M.STALL_SHARE: w.target_s / max(1e-9, w.target_s + w.draft_s),
         })  # fmt: skip
+        if self.peak_tflops is not None:
+            row[M.MFU] = mfu(packed[1].item(), wall, self.par.world, self.peak_tflops)
         grad_norm = self.engine.get_global_grad_norm()
         if grad_norm is not None and math.isfinite(grad_norm):
             row[M.GRAD_NORM] = float(grad_norm)
@@ -393,7 +404,7 @@ class Trainer:
             if out is not None:
                 tokens = int(fb.tokens.lengths.sum())
                 self.tokens_local += tokens
-                w.add(StepStats.of(out), tokens, t1 - t0, time.perf_counter() - t1)
+                w.add(StepStats.of(out), tokens, self._flops(fb, tokens), t1 - t0, time.perf_counter() - t1)
                 accumulated += 1
             if out is not None and accumulated % accum == 0:
                 w = self._after_step(epoch, consumed, w, sink, bar)
