@@ -193,6 +193,7 @@ def test_a_signal_in_the_end_of_run_serving_eval_stops_at_once_and_resume_finish
     err = capsys.readouterr().err
     assert "stopped by SIGINT during the end-of-run export, verify and serving eval: skipped the rest of the " in err
     assert "; summary and report." in err and "Checkpoint step 2 kept" in err and "trainer.resume=auto" in err, err
+    assert "held-out eval: " in err and "then decode 2 held-out prompts speculatively" in err  # what the wait was
     assert not (tmp_path / "summary.json").exists() and ckpt.latest(tmp_path / "checkpoints").name == "step_2"
     monkeypatch.setattr(loop, "export_verify_eval", real)
     summary = run(tiny_config("trainer.max_steps=2", "trainer.resume=auto"), tmp_path)

@@ -291,9 +291,11 @@ class Trainer:
         self.engine.eval()
         batches = self.eval_batches()
         stats = None
-        with open_feature_stream(self.cfg.engine, self.target_source, batches, self.par.device) as stream:
+        bar = tqdm(total=len(batches), desc="held-out eval", unit="batch", leave=False, disable=not self.par.is_main)
+        with bar, open_feature_stream(self.cfg.engine, self.target_source, batches, self.par.device) as stream:
             for fb in stream:
                 s = StepStats.of(self._forward(fb))
+                bar.update(1)
                 stats = s if stats is None else stats.add(s)
         self.engine.train()
         return stats.all_reduce(self.par.device).report("eval")
@@ -307,6 +309,10 @@ class Trainer:
         draft, result = self.engine.module.draft, [None]
         with deepspeed.zero.GatheredParameters(list(draft.parameters()), enabled=self.cfg.deepspeed.zero_stage == 3):
             if self.par.is_main:
+                tqdm.write(
+                    f"export for SGLang and vLLM to {self.run_dir / 'export'}, verify both, then decode "
+                    f"{len(self.prompts)} held-out prompts speculatively (serving eval)", file=sys.stderr,
+                )  # fmt: skip
                 source = Path(self.target.engine.info.source)
                 result[0] = export_verify_eval(
                     draft, self.vocab, self.target.engine, self.target.tokenizer, self.prompts, self.run_dir / "export",
