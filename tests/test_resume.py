@@ -198,3 +198,23 @@ def test_a_signal_in_the_end_of_run_serving_eval_stops_at_once_and_resume_finish
     monkeypatch.setattr(loop, "export_verify_eval", real)
     summary = run(tiny_config("trainer.max_steps=2", "trainer.resume=auto"), tmp_path)
     assert summary["steps"] == 2 and (tmp_path / "summary.json").exists() and summary["eval"]["eval/accept_len"] >= 1
+
+
+def test_a_signal_at_start_up_stops_with_nothing_to_keep(tmp_path, monkeypatch, capsys):
+    real = loop.init_parallel
+
+    def interrupted(device):
+        os.kill(os.getpid(), signal.SIGTERM)  # while DeepSpeed may be building its CPU op
+        return real(device)
+
+    monkeypatch.setattr(loop, "init_parallel", interrupted)
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)  # a signal run() does not catch is lost, not fatal here
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            run(tiny_config("trainer.max_steps=1"), tmp_path)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    assert "stopped by SIGTERM during the start-up: skipped the rest of the start-up; untrained-draft eval; training;" in err
+    assert "No checkpoint yet: run the same command again" in err and not (tmp_path / "checkpoints").exists()

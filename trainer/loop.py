@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import sys
 import time
@@ -527,16 +528,18 @@ def _stop_on_signals(signals: StopSignals) -> dict:
 
 
 def run(cfg: Config, run_dir: Path) -> dict:
-    """Train, export and evaluate one run; rank 0 writes ``summary.json`` and prints it."""
-    par = init_parallel(resolve_device(cfg.trainer.device))
-    run_dir = _shared_run_dir(run_dir / cfg.trainer.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    """Train, export and evaluate one run; rank 0 writes ``summary.json`` and prints it.
+    SIGINT / SIGTERM end it in any phase (``StopSignals``) with exit code 128 + the signal."""
     signals = StopSignals()
-    previous = _stop_on_signals(signals)
+    previous = _stop_on_signals(signals)  # from the start: DeepSpeed's first init may build an op for a minute
+    run_dir, is_main = run_dir / cfg.trainer.output_dir, os.environ.get("RANK", "0") == "0"
     try:
+        par = init_parallel(resolve_device(cfg.trainer.device))
+        run_dir, is_main = _shared_run_dir(run_dir), par.is_main
+        run_dir.mkdir(parents=True, exist_ok=True)
         return _run(cfg, run_dir, par, signals)
     except Stop:
-        if par.is_main:
+        if is_main:
             print(signals.message(run_dir / CHECKPOINTS, run_dir), file=sys.stderr, flush=True)
         raise SystemExit(signals.exit_code()) from None
     finally:
