@@ -218,3 +218,26 @@ def test_a_signal_at_start_up_stops_with_nothing_to_keep(tmp_path, monkeypatch, 
     err = capsys.readouterr().err
     assert "stopped by SIGTERM during the start-up: skipped the rest of the start-up; untrained-draft eval; training;" in err
     assert "No checkpoint yet: run the same command again" in err and not (tmp_path / "checkpoints").exists()
+
+
+def test_a_signal_in_a_serving_eval_between_steps_stops_at_once(tmp_path, monkeypatch):
+    trainer = Trainer(tiny_config("trainer.max_steps=3", "trainer.export_every=1", "trainer.checkpoint_every=2"), tmp_path)
+
+    def interrupted(*args, **kwargs):
+        if trainer.step == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in the second step's serving eval
+        return real(*args, **kwargs)
+
+    real = loop.export_verify_eval
+    monkeypatch.setattr(loop, "export_verify_eval", interrupted)
+    previous = loop._stop_on_signals(trainer.signals)
+    try:
+        with pytest.raises(loop.Stop):
+            trainer.fit()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    assert trainer.step == 2 and trainer.signals.phase == loop.PERIODIC_EVAL
+    message = trainer.signals.message(trainer.ckpt_root, tmp_path)
+    assert message.startswith(f"stopped by SIGINT during the {loop.PERIODIC_EVAL}: skipped the rest of the {loop.PERIODIC_EVAL}; ")
+    assert "the rest of the training; end-of-run held-out eval" in message and "Checkpoint step 2 kept" in message

@@ -105,6 +105,7 @@ class Stop(Exception):
 STARTUP, UNTRAINED_EVAL, TRAINING = "start-up", "untrained-draft eval", "training"
 END_EVAL, SERVING_EVAL, REPORT = "end-of-run held-out eval", "end-of-run export, verify and serving eval", "summary and report"
 PHASES = (STARTUP, UNTRAINED_EVAL, TRAINING, END_EVAL, SERVING_EVAL, REPORT)
+PERIODIC_EVAL = "serving eval between training steps (trainer.export_every)"  # a stop cuts it and the training short
 CHECKPOINTS = "checkpoints"  # the run dir's checkpoint folder
 
 
@@ -133,7 +134,10 @@ class StopSignals:
         return 128 + signal.Signals[self.received].value  # what a shell reports for a process the signal ended
 
     def message(self, ckpt_root: Path, run_dir: Path) -> str:
-        skipped = [f"the rest of the {self.phase}", *PHASES[PHASES.index(self.phase) + 1 :]]
+        during = TRAINING if self.phase == PERIODIC_EVAL else self.phase
+        skipped = [f"the rest of the {during}", *PHASES[PHASES.index(during) + 1 :]]
+        if self.phase == PERIODIC_EVAL:
+            skipped.insert(0, f"the rest of the {PERIODIC_EVAL}")
         head = f"stopped by {self.received} during the {self.phase}: skipped {'; '.join(skipped)}"
         kept = ckpt.latest(ckpt_root)
         if kept is None:
@@ -376,18 +380,26 @@ class Trainer:
                 sink.log(row | {"epoch": epoch}, step=self.step)
             w = Window()
         every = self.cfg.trainer
+        saved = bool(every.checkpoint_every) and self.step % every.checkpoint_every == 0
+        if saved:
+            self.save()  # before the serving eval: a stop signal during it keeps this step
         if every.export_every and self.step % every.export_every == 0:
-            served, progress = self.serve_eval(), self._progress()
-            if sink is not None:
-                sink.log(_metrics_only(served) | progress, step=self.step)
+            self._periodic_serve_eval(sink)
         if every.max_time_s is not None:
             self.out_of_time = not self._all_agree(self.train_s < every.max_time_s)
-        stop = not self._all_agree(self.signals.received is None)
-        if (every.checkpoint_every and self.step % every.checkpoint_every == 0) or stop:
-            self.save()
-        if stop:
+        if not self._all_agree(self.signals.received is None):
+            if not saved:
+                self.save()
             raise Stop()
         return w
+
+    def _periodic_serve_eval(self, sink) -> None:
+        """Export -> verify -> serving eval between steps (minutes): a stop signal ends it, and the run, at once."""
+        self.signals.phase = PERIODIC_EVAL
+        served, progress = self.serve_eval(), self._progress()
+        self.signals.phase = TRAINING
+        if sink is not None:
+            sink.log(_metrics_only(served) | progress, step=self.step)
 
     def _epoch(self, epoch: int, sink, bar) -> bool:
         """Train on the rest of ``epoch``; False when a cap (steps, time) ended the run inside it."""
