@@ -380,17 +380,15 @@ class Trainer:
                 sink.log(row | {"epoch": epoch}, step=self.step)
             w = Window()
         every = self.cfg.trainer
-        saved = bool(every.checkpoint_every) and self.step % every.checkpoint_every == 0
-        if saved:
+        stop = not self._all_agree(self.signals.received is None)
+        if stop or (every.checkpoint_every and self.step % every.checkpoint_every == 0):
             self.save()  # before the serving eval: a stop signal during it keeps this step
+        if stop:
+            raise Stop()
         if every.export_every and self.step % every.export_every == 0:
             self._periodic_serve_eval(sink)
         if every.max_time_s is not None:
             self.out_of_time = not self._all_agree(self.train_s < every.max_time_s)
-        if not self._all_agree(self.signals.received is None):
-            if not saved:
-                self.save()
-            raise Stop()
         return w
 
     def _periodic_serve_eval(self, sink) -> None:
@@ -448,6 +446,14 @@ class Trainer:
         """Evaluate the untrained draft, train, export, evaluate again; returns the summary."""
         start = time.perf_counter()
         sink = M.MetricsSink(self.cfg.wandb, self.run_dir, asdict(self.cfg), resume=self.resumed_from is not None) if self.par.is_main else None
+        try:
+            return self._fit(sink, start)
+        except BaseException as e:
+            if sink is not None:  # end the wandb run as failed or stopped rather than leave it open
+                sink.run.finish(exit_code=self.signals.exit_code() if isinstance(e, Stop) else 1)
+            raise
+
+    def _fit(self, sink, start: float) -> dict:
         self.signals.enter(UNTRAINED_EVAL)
         untrained = None if self.resumed_from else self.evaluate()
         if sink is not None and untrained is not None:
