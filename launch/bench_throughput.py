@@ -23,7 +23,7 @@ Modes:
   dir). Its weights are not the other modes', so it is left out of the feature comparison.
   Skipped (and said so) without a CUDA GPU or without SGLang installed.
 
-Per mode: tokens/s; MFU = FLOPs/token (``flops_per_token``: target forward + labels + draft
+Per mode: tokens/s; MFU = FLOPs/token (``trainer.flops.flops_per_token``: target forward + labels + draft
 training) x tokens/s / 790 TFLOP/s; trainer stall = the share of step time spent in
 ``next(stream)`` plus the GPU wait for the features (timed as ``trainer/loop.py`` does, with
 a synchronize after each); hand-off cost; peak GPU memory (trainer, engine, device);
@@ -54,11 +54,12 @@ import torch  # noqa: E402
 
 from models.draft import DraftShape, Eagle3Draft, draft_shape_for  # noqa: E402
 from trainer.batch import FeatureBatch, TokenBatch  # noqa: E402
+from trainer.flops import H200_BF16_PEAK_TFLOPS, flops_per_token  # noqa: E402
 from trainer.stream import TargetSource, open_feature_stream  # noqa: E402
 from trainer.target_factory import RandomTarget, SGLangTarget, TargetFactory  # noqa: E402
 from trainer.ttt import TTTObjective, target_labels  # noqa: E402
 
-PEAK_FLOPS = 790e12  # bf16 dense matmul ceiling measured on the H200 (shared/ENVIRONMENT.md)
+PEAK_FLOPS = H200_BF16_PEAK_TFLOPS * 1e12
 MODES = ("inprocess", "colocated", "offline", "sglang")
 
 LLAMA_8B = dict(
@@ -81,40 +82,6 @@ class BenchEngine:
     slots: int
     slot_tokens: int
     start_timeout_s: float = 900.0
-
-
-# --------------------------------------------------------------------------- FLOPs
-
-
-def flops_per_token(cfg: dict, s: DraftShape, seq: int, ttt: int) -> dict[str, float]:
-    """FLOPs per token of one training token: target forward + target labels + draft training.
-
-    A matmul of an [n, a] input by an [a, b] weight costs 2ab a token forward; its backward
-    costs 2ab for the weight gradient plus 2ab for the input gradient when the input needs
-    one. Attention of a causal query over c keys costs 4 * (heads * head_dim) * c (QK^T and
-    PV); a query at position t sees t + 1 keys, (seq + 1) / 2 on average.
-    - target forward (the decoder body; its lm_head is never run):
-      layers * [2 * (H*q + 2*H*kv + q*H) + 2 * 3*H*I + 4 * q * (seq+1)/2]
-    - labels (no grad): full-vocab argmax 2*H*V + draft-vocab softmax 2*H*V_d
-    - draft: fc (aux needs no grad: forward + weight gradient) 2 * 2*(A*H_t)*H_d, then per TTT
-      step k, forward x 3 (forward + both gradients): qkv 2*(2H_d)*(q + 2 kv), o 2*q*H_d,
-      MLP 2*3*H_d*I_d, lm_head 2*H_d*V_d, attention 4*q*((seq+1)/2 + k)
-    """
-    h, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
-    head_dim = cfg["head_dim"]
-    q_t, kv_t = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
-    ctx = (seq + 1) / 2
-    target = layers * (2 * (h * q_t + 2 * h * kv_t + q_t * h) + 2 * 3 * h * inter + 4 * q_t * ctx)
-    labels = 2 * h * cfg["vocab_size"] + 2 * h * s.draft_vocab_size
-    q_d, kv_d = s.num_attention_heads * s.head_dim, s.num_key_value_heads * s.head_dim
-    hd = s.hidden_size
-    fc = 2 * 2 * (s.num_aux * s.target_hidden_size) * hd
-    steps = sum(
-        3 * (2 * (2 * hd) * (q_d + 2 * kv_d) + 2 * q_d * hd + 2 * 3 * hd * s.intermediate_size + 2 * hd * s.draft_vocab_size + 4 * q_d * (ctx + k))
-        for k in range(ttt)
-    )
-    draft = fc + steps
-    return {"target_forward": target, "labels": labels, "draft_train": draft, "total": target + labels + draft}
 
 
 # --------------------------------------------------------------------------- set-up
@@ -162,7 +129,7 @@ def make_setup(args: argparse.Namespace) -> Setup:
         args=args, device=device, dtype=dtype, target_cfg=target_cfg,
         factory=RandomTarget(target_cfg, seed=0, dtype=dtype, attn_implementation="sdpa"),
         batches=batches, shape=shape, lm_head=lm_head, draft_to_target=draft_ids, t2d=t2d,
-        flops=flops_per_token(target_cfg, shape, args.seq, args.ttt),
+        flops=flops_per_token(config, shape, args.seq, args.ttt),
     )
 
 

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from serving.draft_runner import DraftRunner
 from serving.export import load_export
@@ -47,6 +48,11 @@ class Tally:
 
     def __post_init__(self) -> None:
         self.reached, self.accepted = [0] * self.k, [0] * self.k
+
+    @property
+    def tau(self) -> float:
+        """Tokens per verify forward so far (1.0 before the first cycle)."""
+        return (self.cycles + sum(self.accepted)) / max(self.cycles, 1)
 
     def add(self, gen: Generation) -> None:
         self.new_tokens += len(gen.tokens)
@@ -78,8 +84,7 @@ class EvalResult:
         cycles = max(tally.cycles, 1)
         rate = [a / cycles for a in tally.accepted]
         cond = [a / r if r else 0.0 for a, r in zip(tally.accepted, tally.reached)]
-        tau = (tally.cycles + sum(tally.accepted)) / cycles
-        return cls(tally.k, feature, tau, rate, cond, tally.cycles, tally.new_tokens, turns, fc_skipped, checked, mismatches, wall)
+        return cls(tally.k, feature, tally.tau, rate, cond, tally.cycles, tally.new_tokens, turns, fc_skipped, checked, mismatches, wall)
 
     def metrics(self, prefix: str = "eval") -> dict[str, float]:
         out = {f"{prefix}/accept_len": self.accept_len, f"{prefix}/spec_cycles": float(self.cycles)}
@@ -140,8 +145,11 @@ def evaluate(
                 mismatches.append(f"turn {checked}: first difference at generated token {at}")
         return tokenizer.decode([t for t in gen.tokens if t not in stops], skip_special_tokens=True)
 
-    for spec in prompts:
-        turns += ask(spec, answer)
+    with tqdm(total=len(prompts), desc="serving eval", unit="prompt", leave=False) as bar:  # stderr
+        for spec in prompts:
+            turns += ask(spec, answer)
+            bar.update(1)
+            bar.set_postfix_str(f"τ so far {tally.tau:.2f}")
     return EvalResult.of(tally, target.feature, turns, draft.fc_skipped, mismatches, checked, time.perf_counter() - start)
 
 
@@ -211,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         target_path = args.target if args.target is not None else embedded_target_dir()
         prompts = read_prompt_file(args.prompts, args.limit) if args.prompts else _heldout_prompts(args.heldout, args.seed, args.holdout_fraction)
+        print(f"serving eval: loading the target {target_path} ({args.dtype}, {args.device})", file=sys.stderr, flush=True)
         engine = HFTargetEngine.from_path(target_path, device=args.device, dtype=getattr(torch, args.dtype))
         result = evaluate_export(
             args.export_dir, engine.model, load_tokenizer(target_path), prompts, args.k, args.max_new_tokens, args.feature, args.check_greedy

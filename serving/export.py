@@ -14,7 +14,11 @@ and reader guarantee, for both engines:
   otherwise the export carries it as ``embed_tokens.weight``.
 * Aux layer ids passed in are StreamDraft's (output of layer k, the ids the draft was
   trained on); each format writes them in its engine's semantics.
-* ``norm_output`` picks what is fed back at draft steps after the first; always explicit.
+* ``norm_output`` picks what is fed back at draft steps after the first (``serving/formats.py``
+  says when the key is written).
+* The directory and its files get the modes the umask gives any new file (0755 / 0644 under the
+  usual 022): a server running as another user can read the export. (``save_file`` alone
+  leaves the weights 0600.)
 """
 
 from __future__ import annotations
@@ -138,11 +142,21 @@ def _write(out_dir, engine: str, config: dict, draft: Eagle3Draft, vocab: VocabM
     try:
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        _share(tmp)
         _swap_into_place(tmp, out, tag)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
     return out
+
+
+def _share(directory: Path) -> None:
+    """The umask's usual modes for ``directory`` and its files, whatever the writers chose."""
+    umask = os.umask(0)
+    os.umask(umask)
+    directory.chmod(0o777 & ~umask)
+    for path in directory.iterdir():
+        path.chmod(0o666 & ~umask)
 
 
 def _swap_into_place(tmp: Path, out: Path, tag: str) -> None:

@@ -9,8 +9,11 @@ Both formats hold the same tensors under the same names (``fc``, ``midlayer.*``,
   ``eagle_config.eagle_aux_hidden_state_layer_ids`` are *outputs of layer k* (SGLang adds 1
   and captures the input of layer k + 1), so our ids are written unchanged. ``fc`` runs only
   when the incoming width differs from the embedding width. ``norm_output`` selects the fed
-  back state. ``tie_word_embeddings`` true or ``draft_vocab_size`` null would replace our
-  ``lm_head``; both are written explicitly.
+  back state; SGLang reads a missing key as false. SpecForge 0.2.0 reads the same key as "a
+  final norm before lm_head" (``LlamaForCausalLMEagle3.compute_logits``, default true), so an
+  explicit false would drop the norm there: the key is written only when it is true, and a
+  missing key reads as false. ``tie_word_embeddings`` true or ``draft_vocab_size`` null would
+  replace our ``lm_head``; both are written explicitly.
 * **vLLM** (``vllm/transformers_utils/configs/speculators/algos.py``, ``llama_eagle3.py``,
   ``gpu_model_runner.py``, 0.33.0): a speculators config (no top-level ``model_type``, a
   ``speculators_config`` block, the layer config under ``transformer_layer_config``). Its
@@ -193,6 +196,12 @@ def _provenance(engine: str, shape: DraftShape, ids: list[int], target_architect
     }
 
 
+NORM_OUTPUT_NOTE = (
+    "the draft feeds back its pre-norm output (norm_output false), so the norm_output key is left out: SGLang "
+    "reads a missing key as false, and SpecForge 0.2.0 reads an explicit false as 'no final norm before lm_head'"
+)
+
+
 def sglang_config(
     shape: DraftShape,
     aux_layer_ids: list[int],
@@ -212,9 +221,10 @@ def sglang_config(
         **layer_config(shape, dtype),
         "draft_vocab_size": shape.draft_vocab_size,
         "target_hidden_size": shape.target_hidden_size,
-        "norm_output": norm_output,
+        **({"norm_output": True} if norm_output else {}),
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
-        "streamdraft": _provenance("sglang", shape, ids, target_architecture, target_num_layers, num_speculative_tokens),
+        "streamdraft": _provenance("sglang", shape, ids, target_architecture, target_num_layers, num_speculative_tokens)
+        | ({} if norm_output else {"norm_output_key": NORM_OUTPUT_NOTE}),
     }
 
 
@@ -329,7 +339,7 @@ def _provenance_of(config: dict) -> dict:
     return provenance if isinstance(provenance, dict) else {}
 
 
-SGLANG_FIELDS = {"draft_vocab_size", "target_hidden_size", "norm_output", "eagle_config"}
+SGLANG_FIELDS = {"draft_vocab_size", "target_hidden_size", "eagle_config"}  # norm_output: missing means false
 
 
 def _read_sglang(config: dict, where: str) -> ExportConfig:
@@ -338,7 +348,7 @@ def _read_sglang(config: dict, where: str) -> ExportConfig:
         (config["architectures"] == [SGLANG_ARCHITECTURE], f"architectures must be [{SGLANG_ARCHITECTURE!r}]"),
         *_layer_checks(config),
         (not config.get("fc_norm") and not config.get("use_aux_norm"), "fc_norm / use_aux_norm are not supported"),
-        (isinstance(config["norm_output"], bool), "norm_output must be true or false"),
+        (isinstance(config.get("norm_output", False), bool), "norm_output must be true or false"),
     ], where)  # fmt: skip
     eagle = config["eagle_config"]
     ids = eagle.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle, dict) else None

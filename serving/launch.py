@@ -15,7 +15,8 @@ The flags are those of the pinned engines (read from their source):
   Readiness: ``GET /health``.
 
 Without a draft the same command serves the target alone: the baseline for serving.bench.
-Starting a server first runs ``serving.verify`` on the draft for that engine.
+Before a command is printed, the draft's config must be an export for that engine (the two
+formats of ``serving/formats.py``); starting a server also runs ``serving.verify`` on it.
 """
 
 from __future__ import annotations
@@ -106,6 +107,18 @@ def server_command(s: ServerSpec) -> list[str]:
 
 def ready_url(s: ServerSpec) -> str:
     return s.base_url + READY_PATHS[s.engine]
+
+
+def check_draft_engine(draft: str | Path, engine: str) -> None:
+    """ValueError unless ``draft`` holds an export for ``engine``, naming the right directory."""
+    from serving.formats import read_export_config
+
+    found = read_export_config(draft).engine
+    if found == engine:
+        return
+    sibling = Path(draft).parent / engine  # export_both writes RUN/export/sglang and RUN/export/vllm
+    hint = f"use {sibling}" if sibling.is_dir() else f"use the {engine} export (python -m trainer writes RUN/export/{engine})"
+    raise ValueError(f"{draft} was exported for {found}, not {engine}: its aux layer ids are in {found}'s numbering; {hint}")
 
 
 # --------------------------------------------------------------------------- running
@@ -212,6 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = p.parse_known_args(argv)
     spec = ServerSpec(args.engine, args.target, args.draft, args.host, args.port, args.num_steps, args.topk, None,
                       args.tp, args.mem_fraction, not args.no_cuda_graph, tuple(extra))  # fmt: skip
+    if spec.draft is not None:
+        try:
+            check_draft_engine(spec.draft, spec.engine)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     print(shlex.join(server_command(spec)))
     if not args.run:
         return 0

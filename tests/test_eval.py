@@ -211,8 +211,10 @@ def test_eval_cli_reports_tau_and_checks_greedy(fitted, target, tmp_path, capsys
     out = tmp_path / "r.json"
     code = eval_main([str(fitted["vllm"]), "--target", str(path), "--prompts", str(prompts), "--max-new-tokens", "12",
                       "--check-greedy", "--json", str(out)])  # fmt: skip
-    printed = capsys.readouterr().out
+    printed, progress = capsys.readouterr()
     assert code == 0 and "accept length tau" in printed and "identical" in printed
+    assert f"serving eval: loading the target {path}" in progress and "serving eval: 100%" in progress
+    assert "1/1" in progress and "τ so far" in progress  # a bar over the prompts, tau so far
     result = json.loads(out.read_text())
     assert result["turns"] == 2 and result["k"] == K and len(result["accept_rate"]) == K
     assert result["accept_len"] == pytest.approx(1 + sum(result["accept_rate"]))

@@ -1,6 +1,8 @@
 """The SGLang export: round trip, config fields, exact tensor names, strict loading."""
 
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -10,6 +12,7 @@ from safetensors.torch import load_file, save_file
 from models.draft import DraftShape, Eagle3Draft
 from models.vocab_map import build_vocab_map
 from serving.export import export_sglang, load_export
+from serving.formats import read_export_config
 
 # hidden 64 != target hidden 48: SGLang keeps the draft's own embedding, so it is exported.
 CARRIED = DraftShape(
@@ -90,7 +93,8 @@ def test_fp32_round_trip_gives_identical_logits(tmp_path):
     assert torch.equal(back_vocab.d2t, vocab.d2t) and torch.equal(back_vocab.t2d, vocab.t2d)
     for a, b in zip(_run(draft), _run(back)):
         assert torch.equal(a, b)
-    assert config["norm_output"] is False
+    assert "norm_output" not in config and "SpecForge" in config["streamdraft"]["norm_output_key"]
+    assert read_export_config(out).norm_output is False
 
 
 def test_shared_embedding_round_trip(tmp_path):
@@ -194,7 +198,7 @@ def test_config_reads_as_sglang_sees_it(tmp_path):
     assert (c.draft_vocab_size, c.vocab_size, c.target_hidden_size, c.hidden_size) == (100, 300, 48, 64)
     assert c.head_dim == 16 and c.num_hidden_layers == 1 and c.hidden_act == "silu"
     assert c.eagle_config["eagle_aux_hidden_state_layer_ids"] == AUX_IDS
-    assert c.norm_output is False
+    assert not hasattr(c, "norm_output")  # SGLang: getattr(config, "norm_output", False)
     rope = getattr(c, "rope_parameters", None) or {"rope_theta": c.rope_theta}
     assert rope["rope_theta"] == 500000.0
 
@@ -250,7 +254,7 @@ def test_corrupt_vocab_map_in_export_is_refused(tmp_path):
     [
         (lambda c: c.update(tie_word_embeddings=True), "tie_word_embeddings must be false"),
         (lambda c: c.pop("draft_vocab_size"), "lacks field(s) ['draft_vocab_size']"),
-        (lambda c: c.pop("norm_output"), "lacks field(s) ['norm_output']"),
+        (lambda c: c.update(norm_output="no"), "norm_output must be true or false"),
         (lambda c: c.update(architectures=["LlamaForCausalLM"]), "architectures must be"),
         (lambda c: c.update(num_hidden_layers=2), "num_hidden_layers must be 1"),
         (lambda c: c.update(use_aux_norm=True), "fc_norm / use_aux_norm"),
@@ -322,3 +326,15 @@ def test_export_refuses_a_vocab_map_of_other_sizes(tmp_path):
     vocab = build_vocab_map(torch.arange(300), 50)
     with pytest.raises(ValueError, match="does not fit the draft"):
         export_sglang(tmp_path / "x", draft, vocab, AUX_IDS, norm_output=False)
+
+
+def test_export_is_readable_by_other_users(tmp_path):
+    """A server running as another user reads the export: the umask's modes, weights included."""
+    old = os.umask(0o022)
+    try:
+        out, _, _ = _export(tmp_path)
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert modes == {"config.json": 0o644, "model.safetensors": 0o644}
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755

@@ -14,7 +14,8 @@ import torch
 
 from tests.tiny import ROOT, TINY, tiny_config
 from trainer import checkpoint as ckpt
-from trainer.loop import Trainer
+from trainer import loop
+from trainer.loop import Trainer, run
 
 pytestmark = pytest.mark.slow
 STEPS = ["trainer.max_steps=4", "trainer.checkpoint_every=2", "trainer.keep_last=5"]
@@ -125,8 +126,8 @@ def test_sigterm_saves_and_says_how_to_resume(tmp_path):
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=300)
-    assert proc.returncode != 0
-    assert "stopped by SIGTERM" in out and "trainer.resume=auto" in out, out[-2000:]
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM during the training" in out and "trainer.resume=auto" in out, out[-2000:]
     saved = ckpt.latest(tmp_path / "checkpoints")
     assert saved is not None and 1 <= ckpt.read_meta(saved)["position"]["step"] < 50
 
@@ -176,3 +177,67 @@ def test_engine_death_stops_the_run_with_the_cause_and_keeps_the_checkpoint(tmp_
         trainer.fit()
     kept = ckpt.latest(tmp_path / "checkpoints")
     assert kept is not None and ckpt.read_meta(kept)["position"]["step"] >= 1
+
+
+def test_a_signal_in_the_end_of_run_serving_eval_stops_at_once_and_resume_finishes(tmp_path, monkeypatch, capsys):
+    real = loop.export_verify_eval
+
+    def interrupted(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the export / decode runs
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "export_verify_eval", interrupted)
+    with pytest.raises(SystemExit) as stopped:
+        run(tiny_config("trainer.max_steps=2"), tmp_path)
+    assert stopped.value.code == 128 + signal.SIGINT
+    err = capsys.readouterr().err
+    assert "stopped by SIGINT during the end-of-run export, verify and serving eval: skipped the rest of the " in err
+    assert "; summary and report." in err and "Checkpoint step 2 kept" in err and "trainer.resume=auto" in err, err
+    assert "held-out eval: " in err and "then decode 2 held-out prompts speculatively" in err  # what the wait was
+    assert not (tmp_path / "summary.json").exists() and ckpt.latest(tmp_path / "checkpoints").name == "step_2"
+    monkeypatch.setattr(loop, "export_verify_eval", real)
+    summary = run(tiny_config("trainer.max_steps=2", "trainer.resume=auto"), tmp_path)
+    assert summary["steps"] == 2 and (tmp_path / "summary.json").exists() and summary["eval"]["eval/accept_len"] >= 1
+
+
+def test_a_signal_at_start_up_stops_with_nothing_to_keep(tmp_path, monkeypatch, capsys):
+    real = loop.init_parallel
+
+    def interrupted(device):
+        os.kill(os.getpid(), signal.SIGTERM)  # while DeepSpeed may be building its CPU op
+        return real(device)
+
+    monkeypatch.setattr(loop, "init_parallel", interrupted)
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)  # a signal run() does not catch is lost, not fatal here
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            run(tiny_config("trainer.max_steps=1"), tmp_path)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    assert "stopped by SIGTERM during the start-up: skipped the rest of the start-up; untrained-draft eval; training;" in err
+    assert "No checkpoint yet: run the same command again" in err and not (tmp_path / "checkpoints").exists()
+
+
+def test_a_signal_in_a_serving_eval_between_steps_stops_at_once(tmp_path, monkeypatch):
+    trainer = Trainer(tiny_config("trainer.max_steps=3", "trainer.export_every=1", "trainer.checkpoint_every=2"), tmp_path)
+
+    def interrupted(*args, **kwargs):
+        if trainer.step == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in the second step's serving eval
+        return real(*args, **kwargs)
+
+    real = loop.export_verify_eval
+    monkeypatch.setattr(loop, "export_verify_eval", interrupted)
+    previous = loop._stop_on_signals(trainer.signals)
+    try:
+        with pytest.raises(loop.Stop):
+            trainer.fit()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    assert trainer.step == 2 and trainer.signals.phase == loop.PERIODIC_EVAL
+    message = trainer.signals.message(trainer.ckpt_root, tmp_path)
+    assert message.startswith(f"stopped by SIGINT during the {loop.PERIODIC_EVAL}: skipped the rest of the {loop.PERIODIC_EVAL}; ")
+    assert "the rest of the training; end-of-run held-out eval" in message and "Checkpoint step 2 kept" in message

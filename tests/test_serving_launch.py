@@ -211,3 +211,20 @@ def test_bench_cli_compares_with_the_baseline(fake_server, tmp_path, capsys):
 def test_percentile():
     assert percentile([3.0, 1.0, 2.0, 4.0], 50) == 2.5
     assert percentile([1.0], 99) == 1.0
+
+
+def test_launch_refuses_an_export_for_the_other_engine_before_printing(tmp_path, capsys):
+    from serving.export import export_both
+    from serving.launch import main as launch_main
+    from tests.test_export import AUX_IDS, CARRIED, _draft, _vocab
+
+    dirs = export_both(tmp_path / "export", _draft(CARRIED), _vocab(CARRIED), aux_layer_ids=AUX_IDS, norm_output=False)
+    assert launch_main(["--engine", "vllm", "--target", "/models/t", "--draft", str(dirs["sglang"])]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and f"{dirs['sglang']} was exported for sglang, not vllm" in err and f"use {dirs['vllm']}" in err
+    assert launch_main(["--engine", "sglang", "--target", "/models/t", "--draft", str(dirs["vllm"])]) == 2
+    assert f"use {dirs['sglang']}" in capsys.readouterr().err
+    assert launch_main(["--engine", "vllm", "--target", "/models/t", "--draft", str(dirs["vllm"])]) == 0
+    assert "--speculative-config" in capsys.readouterr().out
+    assert launch_main(["--engine", "vllm", "--target", "/models/t", "--draft", str(tmp_path)]) == 2
+    assert f"{tmp_path / 'config.json'}: export has no config file" in capsys.readouterr().err

@@ -204,6 +204,7 @@ class TrainConfig:
     eval_max_new_tokens: int = 64  # tokens generated per held-out prompt at evaluation
     serve_eval: bool = True  # decode the held-out prompts speculatively at each export; false: export + verify only
     serve_eval_max_gb: Optional[float] = 64.0  # colocated: a target checkpoint larger than this is not loaded for that eval (null: no limit)
+    peak_tflops: Optional[float] = None  # a device's peak FLOP/s for perf/mfu; None: 790 (H200 bf16) on CUDA, no MFU on CPU
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 1, "trainer.epochs", "must be >= 1")
@@ -220,6 +221,7 @@ class TrainConfig:
         _require(self.max_time_s is None or self.max_time_s > 0, "trainer.max_time_s", "must be positive")
         _require(self.device in ("auto", "cpu", "cuda"), "trainer.device", f"{self.device!r} is not auto, cpu or cuda")
         _require(self.log_every >= 1, "trainer.log_every", "must be >= 1")
+        _require(self.peak_tflops is None or self.peak_tflops > 0, "trainer.peak_tflops", "must be positive")
 
 
 @dataclass

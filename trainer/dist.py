@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -40,6 +42,24 @@ def resolve_device(name: str) -> str:
     return name
 
 
+def announce_op_build() -> str | None:
+    """DeepSpeed's first init on a CPU JIT-builds its shared-memory helper (about a minute, silent):
+    say so on stderr when it is not built yet; returns the line printed, or None."""
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+    from torch.utils.cpp_extension import _get_build_directory  # where torch's JIT build (and DeepSpeed's) puts it
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+        return None
+    built = Path(_get_build_directory(builder.NAME, verbose=False)) / f"{builder.NAME}.so"
+    if built.is_file():
+        return None
+    line = f"building DeepSpeed's CPU helper {builder.NAME} in {built.parent} (first run only, about a minute)"
+    print(line, file=sys.stderr, flush=True)
+    return line
+
+
 def init_parallel(device: str) -> Parallel:
     """Join (or create) the default process group; safe to call more than once."""
     if device == "cpu":
@@ -50,6 +70,7 @@ def init_parallel(device: str) -> Parallel:
     import deepspeed  # after DS_ACCELERATOR: deepspeed picks its accelerator at import
 
     if not torch.distributed.is_initialized():
+        announce_op_build()
         deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo", verbose=False)
     local_rank = int(os.environ["LOCAL_RANK"])
     if device == "cuda":

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,6 +21,7 @@ from trainer import metrics as M
 from trainer.batch import FeatureBatch, TokenBatch
 from trainer.config import Config
 from trainer.data import EncodedSample, token_batches
+from trainer.flops import device_peak_tflops, flops_per_token, mfu
 from serving.pipeline import export_verify_eval
 from serving.prompts import PromptSpec, prompts_from_conversations, read_prompt_file
 from trainer.dist import Parallel, init_parallel, resolve_device
@@ -83,23 +86,73 @@ class Window:
 
     stats: StepStats | None = None
     tokens: int = 0
+    flops: float = 0.0  # model FLOPs of those tokens (trainer.flops)
     target_s: float = 0.0
     draft_s: float = 0.0
     steps: int = 0
     start: float = field(default_factory=time.perf_counter)
 
-    def add(self, stats: StepStats, tokens: int, target_s: float, draft_s: float) -> None:
+    def add(self, stats: StepStats, tokens: int, flops: float, target_s: float, draft_s: float) -> None:
         self.stats = stats if self.stats is None else self.stats.add(stats)
-        self.tokens, self.target_s, self.draft_s = self.tokens + tokens, self.target_s + target_s, self.draft_s + draft_s
+        self.tokens, self.flops = self.tokens + tokens, self.flops + flops
+        self.target_s, self.draft_s = self.target_s + target_s, self.draft_s + draft_s
 
 
 class Stop(Exception):
-    """Raised inside the loop when a signal asked the run to stop after the current step."""
+    """A stop signal (SIGINT, SIGTERM) ended the run: after the current step while training, at once otherwise."""
+
+
+STARTUP, UNTRAINED_EVAL, TRAINING = "start-up", "untrained-draft eval", "training"
+END_EVAL, SERVING_EVAL, REPORT = "end-of-run held-out eval", "end-of-run export, verify and serving eval", "summary and report"
+PHASES = (STARTUP, UNTRAINED_EVAL, TRAINING, END_EVAL, SERVING_EVAL, REPORT)
+PERIODIC_EVAL = "serving eval between training steps (trainer.export_every)"  # a stop cuts it and the training short
+CHECKPOINTS = "checkpoints"  # the run dir's checkpoint folder
+
+
+@dataclass
+class StopSignals:
+    """The run's phase and the stop signal received, shared by the signal handlers and the trainer.
+
+    While training, a first signal stops the run after the current step (which saves a
+    checkpoint); in every other phase, or on a second signal, ``Stop`` is raised at once."""
+
+    phase: str = STARTUP
+    received: str | None = None
+
+    def enter(self, phase: str) -> None:
+        """Begin ``phase``; Stop if a signal came while training deferred it."""
+        self.phase = phase
+        if self.received is not None:
+            raise Stop()
+
+    def handler(self, signum, frame) -> None:
+        first, self.received = self.received is None, signal.Signals(signum).name
+        if self.phase != TRAINING or not first:
+            raise Stop()
+
+    def exit_code(self) -> int:
+        return 128 + signal.Signals[self.received].value  # what a shell reports for a process the signal ended
+
+    def message(self, ckpt_root: Path, run_dir: Path) -> str:
+        during = TRAINING if self.phase == PERIODIC_EVAL else self.phase
+        skipped = [f"the rest of the {during}", *PHASES[PHASES.index(during) + 1 :]]
+        if self.phase == PERIODIC_EVAL:
+            skipped.insert(0, f"the rest of the {PERIODIC_EVAL}")
+        head = f"stopped by {self.received} during the {self.phase}: skipped {'; '.join(skipped)}"
+        kept = ckpt.latest(ckpt_root)
+        if kept is None:
+            return f"{head}.\nNo checkpoint yet: run the same command again to start over."
+        step = ckpt.read_meta(kept)["position"]["step"]
+        return (
+            f"{head}.\nCheckpoint step {step} kept: {kept}\nResume (it redoes what was skipped) with the same overrides "
+            f"plus: trainer.resume=auto hydra.run.dir={run_dir}"
+        )
 
 
 class Trainer:
-    def __init__(self, cfg: Config, run_dir: Path, par: Parallel | None = None):
+    def __init__(self, cfg: Config, run_dir: Path, par: Parallel | None = None, signals: StopSignals | None = None):
         self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.signals = signals or StopSignals()
         self.par = par or init_parallel(resolve_device(cfg.trainer.device))
         torch.manual_seed(cfg.trainer.seed)
         self.dtype = _dtype(cfg.target.dtype, self.par.device)
@@ -110,7 +163,7 @@ class Trainer:
         self.loader = self.data.train_loader(train_batcher(cfg.data, self.target.pad_id), self.par.rank, self.par.world)
         self.eval_samples = self.data.eval_samples()
         self.prompts, self.prompt_origin = eval_prompt_set(cfg, self.data)
-        self.ckpt_root = self.run_dir / "checkpoints"
+        self.ckpt_root = self.run_dir / CHECKPOINTS
         resume_from = self._resume_path()
         built = self._vocab_map(self.loader.epoch_samples(0))  # an epoch of the mix: counts follow its weights
         self.vocab = VocabMap.load(resume_from / ckpt.VOCAB_FILE) if resume_from else built
@@ -118,8 +171,8 @@ class Trainer:
         self.t2d = self.vocab.t2d.to(self.par.device)
         self.total_steps = self._total_steps()
         self.engine = self._deepspeed_engine()
+        self.peak_tflops = device_peak_tflops(cfg.trainer.peak_tflops, self.par.device.type)  # None: no perf/mfu
         self.step, self.pos, self.nonfinite, self.resumed_from = 0, ckpt.Position(0, 0, 0), 0, resume_from
-        self.stop_signal: str | None = None
         self.out_of_time, self.train_s, self.tokens_local = False, 0.0, 0  # this process's training seconds and tokens (this rank)
         if resume_from:
             self._resume(resume_from, built)
@@ -243,9 +296,11 @@ class Trainer:
         self.engine.eval()
         batches = self.eval_batches()
         stats = None
-        with open_feature_stream(self.cfg.engine, self.target_source, batches, self.par.device) as stream:
+        bar = tqdm(total=len(batches), desc="held-out eval", unit="batch", leave=False, disable=not self.par.is_main)
+        with bar, open_feature_stream(self.cfg.engine, self.target_source, batches, self.par.device) as stream:
             for fb in stream:
                 s = StepStats.of(self._forward(fb))
+                bar.update(1)
                 stats = s if stats is None else stats.add(s)
         self.engine.train()
         return stats.all_reduce(self.par.device).report("eval")
@@ -259,6 +314,10 @@ class Trainer:
         draft, result, head = self.engine.module.draft, [None], self.target.head
         with deepspeed.zero.GatheredParameters(list(draft.parameters()), enabled=self.cfg.deepspeed.zero_stage == 3):
             if self.par.is_main:
+                tqdm.write(
+                    f"export for SGLang and vLLM to {self.run_dir / 'export'}, verify both, then decode "
+                    f"{len(self.prompts)} held-out prompts speculatively (serving eval)", file=sys.stderr,
+                )  # fmt: skip
                 source = self.target.path
 
                 def run(model) -> dict:
@@ -274,17 +333,24 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
 
+    def _flops(self, fb: FeatureBatch, tokens: int) -> float:
+        """Model FLOPs of ``tokens`` trained tokens of ``fb``, the count launch/bench_throughput.py uses."""
+        shape, seq = self.engine.module.draft.shape, fb.tokens.input_ids.shape[1]
+        return tokens * flops_per_token(self.target.head.config, shape, seq, self.cfg.draft.ttt_steps)["total"]
+
     def _log_row(self, w: Window) -> dict[str, float]:
-        packed = torch.tensor([float(w.tokens)], device=self.par.device)
+        packed = torch.tensor([float(w.tokens), w.flops], dtype=torch.float64, device=self.par.device)
         torch.distributed.all_reduce(packed)
         wall, n = time.perf_counter() - w.start, max(1, w.steps)
         row = w.stats.all_reduce(self.par.device).report("train") if w.stats is not None else {}
         row.update(self._progress())
         row.update({
-            M.LR: self.engine.get_lr()[0], M.TOKENS_PER_S: packed.item() / wall, M.STEP_TIME: wall / n,
+            M.LR: self.engine.get_lr()[0], M.TOKENS_PER_S: packed[0].item() / wall, M.STEP_TIME: wall / n,
             M.TARGET_TIME: w.target_s / n, M.DRAFT_TIME: w.draft_s / n, M.NONFINITE: float(self.nonfinite),
             M.STALL_SHARE: w.target_s / max(1e-9, w.target_s + w.draft_s),
         })  # fmt: skip
+        if self.peak_tflops is not None:
+            row[M.MFU] = mfu(packed[1].item(), wall, self.par.world, self.peak_tflops)
         grad_norm = self.engine.get_global_grad_norm()
         if grad_norm is not None and math.isfinite(grad_norm):
             row[M.GRAD_NORM] = float(grad_norm)
@@ -318,18 +384,24 @@ class Trainer:
                 sink.log(row | {"epoch": epoch}, step=self.step)
             w = Window()
         every = self.cfg.trainer
-        if every.export_every and self.step % every.export_every == 0:
-            served, progress = self.serve_eval(), self._progress()
-            if sink is not None:
-                sink.log(_metrics_only(served) | progress, step=self.step)
-        if every.max_time_s is not None:
-            self.out_of_time = not self._all_agree(self.train_s < every.max_time_s)
-        stop = not self._all_agree(self.stop_signal is None)
-        if (every.checkpoint_every and self.step % every.checkpoint_every == 0) or stop:
-            self.save()
+        stop = not self._all_agree(self.signals.received is None)
+        if stop or (every.checkpoint_every and self.step % every.checkpoint_every == 0):
+            self.save()  # before the serving eval: a stop signal during it keeps this step
         if stop:
             raise Stop()
+        if every.export_every and self.step % every.export_every == 0:
+            self._periodic_serve_eval(sink)
+        if every.max_time_s is not None:
+            self.out_of_time = not self._all_agree(self.train_s < every.max_time_s)
         return w
+
+    def _periodic_serve_eval(self, sink) -> None:
+        """Export -> verify -> serving eval between steps (minutes): a stop signal ends it, and the run, at once."""
+        self.signals.phase = PERIODIC_EVAL
+        served, progress = self.serve_eval(), self._progress()
+        self.signals.phase = TRAINING
+        if sink is not None:
+            sink.log(_metrics_only(served) | progress, step=self.step)
 
     def _epoch(self, epoch: int, sink, bar) -> bool:
         """Train on the rest of ``epoch``; False when a cap (steps, time) ended the run inside it."""
@@ -353,7 +425,7 @@ class Trainer:
             if out is not None:
                 tokens = int(fb.tokens.lengths.sum())
                 self.tokens_local += tokens
-                w.add(StepStats.of(out), tokens, t1 - t0, time.perf_counter() - t1)
+                w.add(StepStats.of(out), tokens, self._flops(fb, tokens), t1 - t0, time.perf_counter() - t1)
                 accumulated += 1
             if out is not None and accumulated % accum == 0:
                 w = self._after_step(epoch, consumed, w, sink, bar)
@@ -378,14 +450,26 @@ class Trainer:
         """Evaluate the untrained draft, train, export, evaluate again; returns the summary."""
         start = time.perf_counter()
         sink = M.MetricsSink(self.cfg.wandb, self.run_dir, asdict(self.cfg), resume=self.resumed_from is not None) if self.par.is_main else None
+        try:
+            return self._fit(sink, start)
+        except BaseException as e:
+            if sink is not None:  # end the wandb run as failed or stopped rather than leave it open
+                sink.run.finish(exit_code=self.signals.exit_code() if isinstance(e, Stop) else 1)
+            raise
+
+    def _fit(self, sink, start: float) -> dict:
+        self.signals.enter(UNTRAINED_EVAL)
         untrained = None if self.resumed_from else self.evaluate()
         if sink is not None and untrained is not None:
             sink.log(untrained, step=0)
         try:
+            self.signals.enter(TRAINING)
             self._train(sink)
+            self.signals.enter(END_EVAL)
             trained = self.evaluate()
         finally:
             self.target_source.close()
+        self.signals.enter(SERVING_EVAL)
         served, progress = self.serve_eval(), self._progress()
         trained |= _metrics_only(served)
         summary = {
@@ -461,33 +545,35 @@ def _shard_overlap(trainer: Trainer) -> int:
     return sum(len(a & b) for i, a in enumerate(every) for b in every[i + 1 :])
 
 
-def _stop_on_signals(trainer: Trainer) -> dict:
-    """SIGTERM / SIGINT ask the trainer to stop after the current step; returns the old handlers."""
-
-    def handler(signum, frame) -> None:
-        trainer.stop_signal = signal.Signals(signum).name
-
-    return {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+def _stop_on_signals(signals: StopSignals) -> dict:
+    """SIGTERM / SIGINT stop the run (``StopSignals``); returns the old handlers."""
+    return {s: signal.signal(s, signals.handler) for s in (signal.SIGTERM, signal.SIGINT)}
 
 
 def run(cfg: Config, run_dir: Path) -> dict:
-    """Train, export and evaluate one run; rank 0 writes ``summary.json`` and prints it."""
-    par = init_parallel(resolve_device(cfg.trainer.device))
-    run_dir = _shared_run_dir(run_dir / cfg.trainer.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(cfg, run_dir, par)
-    previous = _stop_on_signals(trainer)
+    """Train, export and evaluate one run; rank 0 writes ``summary.json`` and prints it.
+    SIGINT / SIGTERM end it in any phase (``StopSignals``) with exit code 128 + the signal."""
+    signals = StopSignals()
+    previous = _stop_on_signals(signals)  # from the start: DeepSpeed's first init may build an op for a minute
+    run_dir, is_main = run_dir / cfg.trainer.output_dir, os.environ.get("RANK", "0") == "0"
     try:
-        summary = trainer.fit()
+        par = init_parallel(resolve_device(cfg.trainer.device))
+        run_dir, is_main = _shared_run_dir(run_dir), par.is_main
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return _run(cfg, run_dir, par, signals)
     except Stop:
-        raise SystemExit(
-            f"stopped by {trainer.stop_signal} after step {trainer.step}; checkpoint saved to "
-            f"{ckpt.latest(trainer.ckpt_root)}.\nResume with the same overrides plus: "
-            f"trainer.resume=auto hydra.run.dir={run_dir}"
-        ) from None
+        if is_main:
+            print(signals.message(run_dir / CHECKPOINTS, run_dir), file=sys.stderr, flush=True)
+        raise SystemExit(signals.exit_code()) from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _run(cfg: Config, run_dir: Path, par: Parallel, signals: StopSignals) -> dict:
+    trainer = Trainer(cfg, run_dir, par, signals)
+    summary = trainer.fit()
+    signals.enter(REPORT)
     checksums = [None] * par.world
     torch.distributed.all_gather_object(checksums, _draft_checksum(trainer))
     summary["draft_checksums"] = checksums

@@ -1,0 +1,55 @@
+"""FLOPs of one online training token and model FLOPs utilisation (MFU): the one count behind
+the trainer's ``perf/mfu`` and ``launch/bench_throughput.py``."""
+
+from __future__ import annotations
+
+from models.draft import DraftShape
+
+H200_BF16_PEAK_TFLOPS = 790.0  # bf16 dense matmul ceiling measured on the H200 (shared/ENVIRONMENT.md)
+
+
+def flops_per_token(target_config, s: DraftShape, seq: int, ttt: int) -> dict[str, float]:
+    """FLOPs per token of one training token: target forward + target labels + draft training.
+
+    ``target_config`` is the target's transformers config (a dense Llama-style decoder);
+    ``seq`` the row length the attention terms assume; ``ttt`` the draft's TTT steps.
+
+    A matmul of an [n, a] input by an [a, b] weight costs 2ab a token forward; its backward
+    costs 2ab for the weight gradient plus 2ab for the input gradient when the input needs
+    one. Attention of a causal query over c keys costs 4 * (heads * head_dim) * c (QK^T and
+    PV); a query at position t sees t + 1 keys, (seq + 1) / 2 on average.
+    - target forward (the decoder body; its lm_head is never run):
+      layers * [2 * (H*q + 2*H*kv + q*H) + 2 * 3*H*I + 4 * q * (seq+1)/2]
+    - labels (no grad): full-vocab argmax 2*H*V + draft-vocab softmax 2*H*V_d
+    - draft: fc (aux needs no grad: forward + weight gradient) 2 * 2*(A*H_t)*H_d, then per TTT
+      step k, forward x 3 (forward + both gradients): qkv 2*(2H_d)*(q + 2 kv), o 2*q*H_d,
+      MLP 2*3*H_d*I_d, lm_head 2*H_d*V_d, attention 4*q*((seq+1)/2 + k)
+    """
+    c = target_config
+    h, inter, layers = c.hidden_size, c.intermediate_size, c.num_hidden_layers
+    head_dim = getattr(c, "head_dim", None) or h // c.num_attention_heads  # transformers' rule for Llama configs
+    q_t, kv_t = c.num_attention_heads * head_dim, c.num_key_value_heads * head_dim
+    ctx = (seq + 1) / 2
+    target = layers * (2 * (h * q_t + 2 * h * kv_t + q_t * h) + 2 * 3 * h * inter + 4 * q_t * ctx)
+    labels = 2 * h * c.vocab_size + 2 * h * s.draft_vocab_size
+    q_d, kv_d = s.num_attention_heads * s.head_dim, s.num_key_value_heads * s.head_dim
+    hd = s.hidden_size
+    fc = 2 * 2 * (s.num_aux * s.target_hidden_size) * hd
+    steps = sum(
+        3 * (2 * (2 * hd) * (q_d + 2 * kv_d) + 2 * q_d * hd + 2 * 3 * hd * s.intermediate_size + 2 * hd * s.draft_vocab_size + 4 * q_d * (ctx + k))
+        for k in range(ttt)
+    )
+    draft = fc + steps
+    return {"target_forward": target, "labels": labels, "draft_train": draft, "total": target + labels + draft}
+
+
+def mfu(flops: float, seconds: float, devices: int, peak_tflops: float) -> float:
+    """Share (0..1) of ``devices`` x ``peak_tflops`` that ``flops`` done in ``seconds`` used."""
+    return flops / (seconds * devices * peak_tflops * 1e12)
+
+
+def device_peak_tflops(configured: float | None, device_type: str) -> float | None:
+    """``trainer.peak_tflops`` when set, else the H200's bf16 peak on CUDA; None (no MFU) on a CPU."""
+    if configured is not None:
+        return configured
+    return H200_BF16_PEAK_TFLOPS if device_type == "cuda" else None
