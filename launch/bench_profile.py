@@ -21,7 +21,7 @@ import models.draft as draft_module
 import trainer.ttt as ttt_module
 from launch.draft_variants import plain_soft_cross_entropy, ttt_attention_scores
 from trainer.batch import FeatureBatch, TokenBatch
-from trainer.ttt import target_labels, ttt_unroll
+from trainer.ttt import draft_step
 
 VARIANTS = {  # name: (attention, soft cross-entropy); the first is the reference
     "baseline": (ttt_attention_scores, plain_soft_cross_entropy),
@@ -52,21 +52,6 @@ def random_features(st) -> FeatureBatch:
     return FeatureBatch(TokenBatch(tokens.input_ids, tokens.loss_mask, tokens.lengths), aux, final)
 
 
-def draft_step(st, objective, opt, fb: FeatureBatch) -> torch.Tensor:
-    with torch.profiler.record_function("labels"):
-        labels = target_labels(fb.final, st.lm_head, st.draft_to_target, st.t2d)
-    t = fb.tokens
-    with torch.profiler.record_function("ttt_forward"):
-        out = ttt_unroll(objective.draft, t.input_ids, t.loss_mask, t.lengths, fb.aux, labels, st.draft_to_target,
-                         objective.steps, objective.decay, objective.norm_output)
-    with torch.profiler.record_function("backward"):
-        out.loss.backward()
-    with torch.profiler.record_function("optimizer"):
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return out.loss.detach()
-
-
 def _sync(st) -> None:
     if st.device.type == "cuda":
         torch.cuda.synchronize(st.device)
@@ -76,21 +61,18 @@ def top_ops(st, objective, opt, fb, steps: int = 3, rows: int = 25) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if st.device.type == "cuda" else [])
-    draft_step(st, objective, opt, fb)
+    draft_step(objective, st.labeler, fb, opt)
     _sync(st)
     with profile(activities=activities) as prof:
         for _ in range(steps):
-            draft_step(st, objective, opt, fb)
+            draft_step(objective, st.labeler, fb, opt)
         _sync(st)
     key = "self_device_time_total" if st.device.type == "cuda" else "self_cpu_time_total"
     return prof.key_averages().table(sort_by=key, row_limit=rows)
 
 
 def first_step_grads(st, objective, fb) -> tuple[float, dict[str, torch.Tensor]]:
-    labels = target_labels(fb.final, st.lm_head, st.draft_to_target, st.t2d)
-    t = fb.tokens
-    out = ttt_unroll(objective.draft, t.input_ids, t.loss_mask, t.lengths, fb.aux, labels, st.draft_to_target,
-                     objective.steps, objective.decay, objective.norm_output)
+    out = objective(st.labeler.input_for(fb))
     out.loss.backward()
     grads = {n: p.grad.detach().float().clone() for n, p in objective.draft.named_parameters() if p.grad is not None}
     objective.draft.zero_grad(set_to_none=True)
@@ -108,14 +90,14 @@ def time_variant(st, objective, opt, fb, name: str, reference: tuple[float, dict
                 float((grads[n] - ref_grads[n]).norm() / ref_grads[n].norm().clamp(min=1e-30)) for n in ref_grads
             )
         for _ in range(2):  # warm-up (and compile)
-            draft_step(st, objective, opt, fb)
+            draft_step(objective, st.labeler, fb, opt)
         _sync(st)
         if st.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(st.device)
         times = []
         for _ in range(steps):
             t0 = time.perf_counter()
-            draft_step(st, objective, opt, fb)
+            draft_step(objective, st.labeler, fb, opt)
             _sync(st)
             times.append(time.perf_counter() - t0)
     tokens = fb.aux.shape[0] * fb.aux.shape[1]

@@ -57,7 +57,7 @@ from trainer.batch import FeatureBatch, TokenBatch  # noqa: E402
 from trainer.flops import H200_BF16_PEAK_TFLOPS, flops_per_token  # noqa: E402
 from trainer.stream import TargetSource, open_feature_stream  # noqa: E402
 from trainer.target_factory import RandomTarget, SGLangTarget, TargetFactory  # noqa: E402
-from trainer.ttt import TTTObjective, target_labels  # noqa: E402
+from trainer.ttt import TargetLabeler, TTTObjective, draft_step  # noqa: E402
 
 PEAK_FLOPS = H200_BF16_PEAK_TFLOPS * 1e12
 MODES = ("inprocess", "colocated", "offline", "sglang")
@@ -96,9 +96,7 @@ class Setup:
     factory: RandomTarget
     batches: list[TokenBatch]
     shape: DraftShape
-    lm_head: torch.Tensor  # [V, H] the frozen target head the trainer keeps for the labels
-    draft_to_target: torch.Tensor  # [V_d]
-    t2d: torch.Tensor  # [V] bool
+    labeler: TargetLabeler  # the frozen target head the trainer keeps for the labels, and the vocab map
     flops: dict[str, float]
 
 
@@ -128,7 +126,7 @@ def make_setup(args: argparse.Namespace) -> Setup:
     return Setup(
         args=args, device=device, dtype=dtype, target_cfg=target_cfg,
         factory=RandomTarget(target_cfg, seed=0, dtype=dtype, attn_implementation="sdpa"),
-        batches=batches, shape=shape, lm_head=lm_head, draft_to_target=draft_ids, t2d=t2d,
+        batches=batches, shape=shape, labeler=TargetLabeler(lm_head, draft_ids, t2d),
         flops=flops_per_token(config, shape, args.seq, args.ttt),
     )
 
@@ -211,12 +209,7 @@ def train(st: Setup, stream, objective: TTTObjective, opt: torch.optim.Optimizer
         sync(st.device)
         t1 = time.perf_counter()
         sums.append(torch.stack([fb.aux.sum(dtype=torch.float32), fb.final.sum(dtype=torch.float32)]))
-        labels = target_labels(fb.final, st.lm_head, st.draft_to_target, st.t2d)
-        t = fb.tokens
-        out = objective(t.input_ids, t.loss_mask, t.lengths, fb.aux, labels, st.draft_to_target)
-        out.loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        out = draft_step(objective, st.labeler, fb, opt)
         losses.append(out.loss.detach())
         sync(st.device)
         t2 = time.perf_counter()

@@ -203,7 +203,7 @@ def test_packed_batches_colocated_equal_inprocess(hf_source):
 def test_losses_equal_over_steps(hf_source):
     """inprocess and colocated give identical TTT losses for the same seed over N optimizer steps."""
     from models.draft import DraftShape, Eagle3Draft
-    from trainer.ttt import TTTObjective, target_labels
+    from trainer.ttt import TargetLabeler, TTTObjective
 
     lm_head = hf_source.inprocess("cpu").lm_head_weight
     draft_ids = torch.arange(0, VOCAB, 2)
@@ -222,9 +222,7 @@ def test_losses_equal_over_steps(hf_source):
         out = []
         with open_feature_stream(mode, hf_source, make_batches(3, seed=3), "cpu") as stream:
             for fb in stream:
-                labels = target_labels(fb.final, lm_head, draft_ids, t2d)
-                t = fb.tokens
-                loss = objective(t.input_ids, t.loss_mask, t.lengths, fb.aux, labels, draft_ids).loss
+                loss = objective(TargetLabeler(lm_head, draft_ids, t2d).input_for(fb)).loss
                 loss.backward()  # reads the slot's aux again (fc's weight gradient): the slot is still held
                 opt.step()
                 opt.zero_grad()

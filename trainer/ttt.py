@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from models.draft import Eagle3Draft
-from trainer.batch import token_positions
+from trainer.batch import FeatureBatch, token_positions
 from trainer.soft_ce import soft_cross_entropy
 
 
@@ -110,6 +110,27 @@ def ttt_unroll(
     return TTTOutput(loss=loss, loss_sum=torch.stack(loss_sum), correct=torch.stack(correct), valid=torch.stack(valid))
 
 
+@dataclass
+class TTTInput:
+    """One batch for the objective: the target's features and its labels over the draft vocab."""
+
+    features: FeatureBatch
+    labels: TargetLabels
+    draft_to_target: Tensor  # [V_d] target id of each draft id
+
+
+@dataclass
+class TargetLabeler:
+    """What the labels of a feature batch are computed from: the frozen target head and the vocab map."""
+
+    lm_head: Tensor  # [V, H] the target's lm_head weight
+    draft_to_target: Tensor  # [V_d] target id of each draft id
+    t2d: Tensor  # [V] bool, target id is a draft token
+
+    def input_for(self, fb: FeatureBatch) -> TTTInput:
+        return TTTInput(fb, target_labels(fb.final, self.lm_head, self.draft_to_target, self.t2d), self.draft_to_target)
+
+
 class TTTObjective(nn.Module):
     """The module DeepSpeed wraps: the draft plus its TTT settings; forward = ``ttt_unroll``."""
 
@@ -118,11 +139,38 @@ class TTTObjective(nn.Module):
         self.draft = draft
         self.steps, self.decay, self.norm_output = steps, decay, norm_output
 
-    def forward(self, input_ids, loss_mask, lengths, aux, labels: TargetLabels, draft_to_target, doc_ids=None) -> TTTOutput:
+    def forward(self, batch: TTTInput) -> TTTOutput:
+        t, fb = batch.features.tokens, batch.features
         return ttt_unroll(
-            self.draft, input_ids, loss_mask, lengths, aux, labels, draft_to_target, self.steps, self.decay, self.norm_output,
-            doc_ids,
+            self.draft, t.input_ids, t.loss_mask, t.lengths, fb.aux, batch.labels, batch.draft_to_target, self.steps,
+            self.decay, self.norm_output, t.doc_ids,
         )
+
+
+def draft_step(model, labeler: TargetLabeler, fb: FeatureBatch, optimizer=None, keep=None) -> TTTOutput | None:
+    """One training step of the draft on ``fb``: labels, the TTT forward, backward and the update.
+
+    ``model`` is a DeepSpeed engine wrapping a ``TTTObjective`` (``optimizer`` None: the engine's
+    backward and step, which accumulate and clip) or the objective itself with its ``optimizer``.
+    ``keep(out)`` False skips backward and update (a non-finite loss) and returns None."""
+    with torch.profiler.record_function("labels"):
+        batch = labeler.input_for(fb)
+    with torch.profiler.record_function("ttt_forward"):
+        out = model(batch)
+    if keep is not None and not keep(out):
+        return None
+    if optimizer is None:
+        with torch.profiler.record_function("backward"):
+            model.backward(out.loss)
+        with torch.profiler.record_function("optimizer"):
+            model.step()
+        return out
+    with torch.profiler.record_function("backward"):
+        out.loss.backward()
+    with torch.profiler.record_function("optimizer"):
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return out
 
 
 def simulated_accept_length(acc: list[float]) -> float:
