@@ -37,7 +37,7 @@ def test_workspace_has_the_four_sections_with_the_shared_metric_names():
 
 
 def test_what_the_trainer_logs_is_on_the_dashboard():
-    from trainer.loop import StepStats  # the logger's own row builder
+    from trainer.components import StepStats  # the logger's own row builder
 
     k = 4
     row = StepStats(torch.ones(k), torch.ones(k), torch.ones(k)).report("train")

@@ -7,7 +7,8 @@ import pytest
 from tests.tiny import tiny_config
 from trainer import metrics as M
 from trainer.flops import H200_BF16_PEAK_TFLOPS, device_peak_tflops, flops_per_token
-from trainer.loop import Trainer, Window
+from trainer.components import Window
+from trainer.loop import Trainer
 from trainer.sources import train_batcher
 
 
@@ -30,5 +31,5 @@ def test_trainer_logs_mfu_and_stall_per_step_from_the_benchmark_count(tmp_path):
         per_token = flops_per_token(config, shape, batch.input_ids.shape[1], trainer.cfg.draft.ttt_steps)["total"]
         assert row[M.MFU] / row[M.TOKENS_PER_S] == pytest.approx(per_token / 1e9, rel=1e-6)  # peak 1e9 FLOP/s
         assert 0 < row[M.STALL_SHARE] < 1
-    trainer.peak_tflops = None  # a CPU run without trainer.peak_tflops
-    assert M.MFU not in trainer._log_row(Window(tokens=1, flops=1.0, steps=1))
+    trainer.metrics.peak_tflops = None  # a CPU run without trainer.peak_tflops
+    assert M.MFU not in trainer.metrics.row(Window(tokens=1, flops=1.0, steps=1))

@@ -14,7 +14,7 @@ import torch
 
 from tests.tiny import ROOT, TINY, tiny_config
 from trainer import checkpoint as ckpt
-from trainer import loop
+from trainer import components, loop
 from trainer.loop import Trainer, run
 
 pytestmark = pytest.mark.slow
@@ -37,7 +37,7 @@ def test_resume_continues_bitwise(tmp_path):
     (tmp_path / "b" / "checkpoints").mkdir(parents=True)
     shutil.copytree(tmp_path / "a" / "checkpoints" / "step_2", tmp_path / "b" / "checkpoints" / "step_2")
     resumed = Trainer(tiny_config(*STEPS, "trainer.resume=auto"), tmp_path / "b")
-    assert resumed.step == 2 and resumed.pos.epoch == 0 and resumed.pos.micro == 2
+    assert resumed.state.step == 2 and resumed.state.pos.epoch == 0 and resumed.state.pos.micro == 2
     summary = resumed.fit()
     assert summary["resumed_from"].endswith("step_2") and summary["steps"] == 4
     a, b = _weights(straight), _weights(resumed)
@@ -56,7 +56,7 @@ def test_resume_refuses_a_different_run_and_allows_a_deliberate_change(tmp_path)
         Trainer(tiny_config("trainer.max_steps=2", "trainer.resume=auto", "schedule=constant"), tmp_path)
     # switching a cosine run to grokking mode on purpose (the seed team's plan)
     grok = Trainer(tiny_config("trainer.max_steps=3", "trainer.resume=auto", "schedule=constant", "trainer.resume_allow=[schedule]"), tmp_path)
-    assert grok.step == 2 and grok.cfg.schedule.name == "constant"
+    assert grok.state.step == 2 and grok.cfg.schedule.name == "constant"
     with pytest.raises(ValueError, match="neither a checkpoint nor a run dir"):
         Trainer(tiny_config(f"trainer.resume={tmp_path / 'nowhere'}"), tmp_path / "other")
 
@@ -157,7 +157,7 @@ def test_crash_during_save_leaves_the_previous_checkpoint_whole(tmp_path):
     assert ckpt.latest(tmp_path / "checkpoints").name == "step_1"
     assert (tmp_path / "checkpoints" / ".tmp-step_2").exists()  # the half save is there, and ignored
     resumed = Trainer(tiny_config("trainer.max_steps=4", "trainer.checkpoint_every=1", "trainer.resume=auto"), tmp_path)
-    assert resumed.step == 1
+    assert resumed.state.step == 1
 
 
 def test_engine_death_stops_the_run_with_the_cause_and_keeps_the_checkpoint(tmp_path):
@@ -180,13 +180,13 @@ def test_engine_death_stops_the_run_with_the_cause_and_keeps_the_checkpoint(tmp_
 
 
 def test_a_signal_in_the_end_of_run_serving_eval_stops_at_once_and_resume_finishes(tmp_path, monkeypatch, capsys):
-    real = loop.export_verify_eval
+    real = components.export_verify_eval
 
     def interrupted(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the export / decode runs
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "export_verify_eval", interrupted)
+    monkeypatch.setattr(components, "export_verify_eval", interrupted)
     with pytest.raises(SystemExit) as stopped:
         run(tiny_config("trainer.max_steps=2"), tmp_path)
     assert stopped.value.code == 128 + signal.SIGINT
@@ -195,7 +195,7 @@ def test_a_signal_in_the_end_of_run_serving_eval_stops_at_once_and_resume_finish
     assert "; summary and report." in err and "Checkpoint step 2 kept" in err and "trainer.resume=auto" in err, err
     assert "held-out eval: " in err and "then decode 2 held-out prompts speculatively" in err  # what the wait was
     assert not (tmp_path / "summary.json").exists() and ckpt.latest(tmp_path / "checkpoints").name == "step_2"
-    monkeypatch.setattr(loop, "export_verify_eval", real)
+    monkeypatch.setattr(components, "export_verify_eval", real)
     summary = run(tiny_config("trainer.max_steps=2", "trainer.resume=auto"), tmp_path)
     assert summary["steps"] == 2 and (tmp_path / "summary.json").exists() and summary["eval"]["eval/accept_len"] >= 1
 
@@ -224,20 +224,19 @@ def test_a_signal_in_a_serving_eval_between_steps_stops_at_once(tmp_path, monkey
     trainer = Trainer(tiny_config("trainer.max_steps=3", "trainer.export_every=1", "trainer.checkpoint_every=2"), tmp_path)
 
     def interrupted(*args, **kwargs):
-        if trainer.step == 2:
+        if trainer.state.step == 2:
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in the second step's serving eval
         return real(*args, **kwargs)
 
-    real = loop.export_verify_eval
-    monkeypatch.setattr(loop, "export_verify_eval", interrupted)
-    previous = loop._stop_on_signals(trainer.signals)
+    real = components.export_verify_eval
+    monkeypatch.setattr(components, "export_verify_eval", interrupted)
+    trainer.signals.install()
     try:
-        with pytest.raises(loop.Stop):
+        with pytest.raises(components.Stop):
             trainer.fit()
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    assert trainer.step == 2 and trainer.signals.phase == loop.PERIODIC_EVAL
+        trainer.signals.restore()
+    assert trainer.state.step == 2 and trainer.signals.phase == components.PERIODIC_EVAL
     message = trainer.signals.message(trainer.ckpt_root, tmp_path)
-    assert message.startswith(f"stopped by SIGINT during the {loop.PERIODIC_EVAL}: skipped the rest of the {loop.PERIODIC_EVAL}; ")
+    assert message.startswith(f"stopped by SIGINT during the {components.PERIODIC_EVAL}: skipped the rest of the {components.PERIODIC_EVAL}; ")
     assert "the rest of the training; end-of-run held-out eval" in message and "Checkpoint step 2 kept" in message

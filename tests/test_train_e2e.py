@@ -12,7 +12,7 @@ import torch
 
 from models.target import HFTargetEngine
 from serving.export import load_export
-from tests.tiny import ROOT, TINY, tiny_config
+from tests.tiny import ROOT, tiny_config
 from trainer.loop import run
 
 
@@ -41,11 +41,11 @@ def test_two_ranks_train_disjoint_shards_to_identical_weights(tmp_path):
     launcher = shutil.which("deepspeed", path=str(Path(sys.executable).parent))
     assert launcher, "the deepspeed launcher is not installed beside this python"
     env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=str(ROOT))
-    cmd = [launcher, "--num_gpus", "2", "--no_local_rank", "--master_port", "29533", str(ROOT / "launch" / "train.py"),
-           *TINY, f"hydra.run.dir={tmp_path}"]  # fmt: skip
+    cmd = [launcher, "--num_gpus", "2", "--no_local_rank", "--master_port", "29533", str(ROOT / "tests" / "two_ranks.py"), str(tmp_path)]
     proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 3
+    summary = json.loads((tmp_path / "ranks.json").read_text())
     assert summary["steps"] == 3 and len(summary["draft_checksums"]) == 2
     assert summary["draft_checksums"][0] == summary["draft_checksums"][1]
     assert summary["shard_overlap"] == 0

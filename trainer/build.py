@@ -1,0 +1,166 @@
+"""What a run is built from its config: the target, the data, the vocab map and the DeepSpeed draft."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from models.draft import Eagle3Draft, draft_shape_for
+from models.vocab_map import VocabMap, build_vocab_map, count_tokens
+from serving.prompts import PromptSpec, prompts_from_conversations, read_prompt_file
+from trainer import checkpoint as ckpt
+from trainer.config import Config
+from trainer.batch import TokenBatch
+from trainer.data import EncodedSample, MixLoader, token_batches
+from trainer.dist import Parallel
+from trainer.flops import device_peak_tflops
+from trainer.schedule import lr_factor
+from trainer.sources import PreparedData, TargetBundle, load_target, prepare_data, target_recipe, train_batcher
+from trainer.stream import TargetSource
+from trainer.ttt import TargetLabeler, TTTObjective
+
+
+@dataclass
+class Built:
+    """Everything ``Trainer`` trains with, built by ``build``."""
+
+    dtype: torch.dtype  # the target's features
+    target: TargetBundle
+    target_source: TargetSource  # the feature engine (inprocess, colocated or SGLang)
+    data: PreparedData
+    loader: MixLoader  # this rank's training batches
+    prompts: list[PromptSpec]  # the serving-eval prompts
+    prompt_origin: dict  # where they come from (the summary's ``eval_prompts``)
+    resume_from: Path | None  # the checkpoint the run continues from
+    built_vocab: VocabMap  # the vocab map this run's data gives (a resume compares it)
+    vocab: VocabMap  # the map trained with: ``built_vocab``, or the resumed checkpoint's
+    labeler: TargetLabeler
+    total_steps: int
+    engine: object  # deepspeed.DeepSpeedEngine wrapping a TTTObjective
+    peak_tflops: float | None  # None: no perf/mfu
+
+
+def build(cfg: Config, par: Parallel, ckpt_root: Path) -> Built:
+    """Build a run in a fixed order (the seed is set first: the draft's initialisation draws from it)."""
+    torch.manual_seed(cfg.trainer.seed)
+    dtype = _dtype(cfg.target.dtype, par.device)
+    target = load_target(cfg.target, cfg.engine.mode, par.device, dtype)
+    info = target.head.info
+    source = TargetSource(target_recipe(cfg, info.aux_layer_ids, dtype, par), engine=target.engine, info=info)
+    data = prepare_data(cfg.data, target.head.tokenizer, cfg.trainer.seed, cfg.trainer.eval_prompts_file)
+    loader = data.train_loader(train_batcher(cfg.data, target.pad_id), par.rank, par.world)
+    prompts, prompt_origin = eval_prompt_set(cfg, data)
+    resume_from = resume_path(cfg, ckpt_root)
+    built = vocab_map(loader.epoch_samples(0), info.vocab_size, cfg.draft.vocab_size)  # an epoch of the mix: counts follow its weights
+    vocab = VocabMap.load(resume_from / ckpt.VOCAB_FILE) if resume_from else built
+    labeler = TargetLabeler(target.head.lm_head_weight, vocab.draft_to_target.to(par.device), vocab.t2d.to(par.device))
+    total = total_steps(cfg, data, loader, par)
+    return Built(
+        dtype=dtype, target=target, target_source=source, data=data, loader=loader, prompts=prompts, prompt_origin=prompt_origin,
+        resume_from=resume_from, built_vocab=built, vocab=vocab, labeler=labeler, total_steps=total,
+        engine=deepspeed_engine(cfg, target, vocab, total, dtype), peak_tflops=device_peak_tflops(cfg.trainer.peak_tflops, par.device.type),
+    )  # fmt: skip
+
+
+def eval_batches(cfg: Config, data: PreparedData, par: Parallel, pad_id: int) -> list[TokenBatch]:
+    """This rank's held-out batches (the first ``trainer.eval_batches``)."""
+    batches = token_batches(data.eval_samples(), cfg.data.max_tokens, cfg.trainer.seed, 0, par.rank, par.world, pad_id)
+    return batches[: cfg.trainer.eval_batches]
+
+
+def _dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}[name]
+
+
+def vocab_map(samples: list[EncodedSample], target_vocab: int, draft_vocab: int) -> VocabMap:
+    pairs = ((torch.tensor(s.input_ids), torch.tensor(s.loss_mask)) for s in samples)
+    return build_vocab_map(count_tokens(pairs, target_vocab), draft_vocab)
+
+
+def total_steps(cfg: Config, data: PreparedData, loader: MixLoader, par: Parallel) -> int:
+    per_epoch = loader.batches_per_rank(0) // cfg.deepspeed.grad_accum
+    if per_epoch == 0:
+        raise ValueError(
+            f"data: {data.mix.epoch_samples} training samples an epoch make no full optimizer step for "
+            f"{par.world} rank(s) x grad_accum {cfg.deepspeed.grad_accum} at data.max_tokens {cfg.data.max_tokens}"
+        )
+    total = per_epoch * cfg.trainer.epochs
+    return min(total, cfg.trainer.max_steps) if cfg.trainer.max_steps else total
+
+
+def deepspeed_config(cfg: Config, bf16: bool) -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": cfg.deepspeed.grad_accum,
+        "gradient_clipping": cfg.deepspeed.grad_clip,
+        "zero_optimization": {"stage": cfg.deepspeed.zero_stage},
+        "bf16": {"enabled": bf16},  # check_grad_overflow defaults on: a non-finite gradient skips the update
+        "steps_per_print": 10**9,
+    }
+
+
+def deepspeed_engine(cfg: Config, target: TargetBundle, vocab: VocabMap, total: int, dtype: torch.dtype):
+    """The draft, initialised from the target's embedding and lm_head, in its TTT objective under DeepSpeed."""
+    import deepspeed
+
+    head = target.head
+    draft = Eagle3Draft(draft_shape_for(head.config, len(head.info.aux_layer_ids), cfg.draft.vocab_size))
+    draft.init_from_target(head.embed_weight.float().cpu(), head.lm_head_weight.float().cpu(), vocab.draft_to_target)
+    objective = TTTObjective(draft, cfg.draft.ttt_steps, cfg.draft.step_decay, cfg.draft.norm_output)
+    params = [p for p in objective.parameters() if p.requires_grad]
+    s = cfg.schedule
+    opt = torch.optim.AdamW(params, lr=s.lr, betas=tuple(s.betas), weight_decay=s.weight_decay, fused=False, foreach=False)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(s, step, total))
+    config = deepspeed_config(cfg, dtype == torch.bfloat16)
+    engine, *_ = deepspeed.initialize(model=objective, optimizer=opt, lr_scheduler=sched, config=config)
+    return engine
+
+
+def resume_path(cfg: Config, ckpt_root: Path) -> Path | None:
+    """The checkpoint ``trainer.resume`` names: auto (this run dir's latest), a checkpoint, or a run dir."""
+    resume = cfg.trainer.resume
+    if resume is None:
+        return None
+    if resume == "auto":
+        return ckpt.latest(ckpt_root)
+    path = Path(resume)
+    found = path if ckpt.is_complete(path) else ckpt.latest(path / "checkpoints")
+    if found is None:
+        raise ValueError(f"config trainer.resume: {path} is neither a checkpoint nor a run dir with checkpoints")
+    return found
+
+
+def fingerprint(cfg: Config, built: Built, par: Parallel, vocab: VocabMap) -> dict:
+    """What a checkpoint was trained on; a resume compares it (trainer.resume_allow)."""
+    info = built.target.head.info
+    return {
+        "target": {"architecture": info.architecture, "layers": info.num_layers, "hidden": info.hidden_size,
+                   "vocab": info.vocab_size, "aux_layer_ids": list(info.aux_layer_ids)},
+        "draft": built.engine.module.draft.shape.to_dict() | {"ttt_steps": cfg.draft.ttt_steps, "norm_output": cfg.draft.norm_output},
+        "vocab_map": ckpt.vocab_digest(vocab),
+        "data": asdict(cfg.data) | {"seed": cfg.trainer.seed},
+        "schedule": asdict(cfg.schedule) | {"epochs": cfg.trainer.epochs, "max_steps": cfg.trainer.max_steps},
+        "parallel": {"world": par.world, "zero_stage": cfg.deepspeed.zero_stage, "grad_accum": cfg.deepspeed.grad_accum},
+    }  # fmt: skip
+
+
+def eval_prompt_set(cfg: Config, data: PreparedData) -> tuple[list[PromptSpec], dict]:
+    """The serving-eval prompts and where they come from (the run summary's ``eval_prompts``):
+    ``trainer.eval_prompts_file``, or the first ``trainer.eval_prompts`` held-out conversations
+    of the sources in mix order, with the held-out rule and how many each source gave."""
+    n = cfg.trainer.eval_prompts
+    if cfg.trainer.eval_prompts_file is not None:
+        prompts = read_prompt_file(cfg.trainer.eval_prompts_file, limit=n)
+        origin: dict = {"kind": "file", "path": cfg.trainer.eval_prompts_file}
+    else:
+        prompts, taken = [], {}
+        for name in data.mix.names:
+            if len(prompts) < n:
+                got = prompts_from_conversations(data.eval_conversations[name], limit=n - len(prompts))
+                prompts, taken[name] = prompts + got, len(got)
+        origin = {"kind": "heldout", "split": data.heldout_rule, "sources": taken}
+    return prompts, origin | {"prompts": len(prompts), "turns": sum(p.turns for p in prompts)}

@@ -1,0 +1,360 @@
+"""The trainer's policies, one component each: the loop calls ``after_step`` on every one, in order,
+at each optimizer-step boundary, and each decides itself (``should_...``) whether to act.
+
+  Counters    where the run is (step, data position, training seconds and tokens)
+  NonFinite   counts non-finite losses and gradients; stops the run unless trainer.on_nan=skip
+  MetricsLog  the log window and its row (losses, accuracies, throughput, MFU) every trainer.log_every
+  Checkpointer  saves every trainer.checkpoint_every and on a stop signal; resumes; ``StopSignals``
+  Validator   export -> verify -> serving eval, every trainer.export_every and at the end
+  TimeCap     ends the run after trainer.max_time_s of training
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from serving.pipeline import export_verify_eval
+from trainer import checkpoint as ckpt
+from trainer import metrics as M
+from trainer.batch import FeatureBatch
+from trainer.build import Built, fingerprint
+from trainer.config import Config
+from trainer.dist import Parallel
+from trainer.flops import flops_per_token, mfu
+from trainer.sources import with_eval_target
+from trainer.ttt import TTTOutput, simulated_accept_length
+
+STARTUP, UNTRAINED_EVAL, TRAINING = "start-up", "untrained-draft eval", "training"
+END_EVAL, SERVING_EVAL, REPORT = "end-of-run held-out eval", "end-of-run export, verify and serving eval", "summary and report"
+PHASES = (STARTUP, UNTRAINED_EVAL, TRAINING, END_EVAL, SERVING_EVAL, REPORT)
+PERIODIC_EVAL = "serving eval between training steps (trainer.export_every)"  # a stop cuts it and the training short
+
+
+def all_agree(ok: bool, device: torch.device) -> bool:
+    """True when ``ok`` holds on every rank (every rank calls)."""
+    flag = torch.tensor([1.0 if ok else 0.0], device=device)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+@dataclass
+class StepEnd:
+    """What the components see at an optimizer-step boundary."""
+
+    epoch: int
+    consumed: int  # micro-batches of ``epoch`` trained (or skipped) so far
+    sink: M.MetricsSink | None  # rank 0 only
+    bar: tqdm
+
+
+@dataclass
+class Counters:
+    """Where the run is; every component reads it, only the loop and ``after_step`` write it."""
+
+    step: int = 0
+    pos: ckpt.Position = field(default_factory=lambda: ckpt.Position(0, 0, 0))
+    train_s: float = 0.0  # this process's training seconds
+    tokens_local: int = 0  # tokens trained on by this rank
+    nonfinite: int = 0
+    out_of_time: bool = False
+
+    def after_step(self, at: StepEnd) -> None:
+        self.step += 1
+        self.pos = ckpt.Position(self.step, at.epoch, at.consumed)
+
+    def stopped_by(self, max_steps: int | None) -> str:
+        """The cap that ended the run (the summary's ``stopped_by``)."""
+        if self.out_of_time:
+            return "trainer.max_time_s"
+        return "trainer.max_steps" if max_steps is not None and self.step >= max_steps else "trainer.epochs"
+
+
+class NonFinite:
+    """A non-finite loss (every rank skips the batch) or gradient (DeepSpeed skipped the update)."""
+
+    def __init__(self, on_nan: str, ckpt_root: Path, state: Counters, engine):
+        self.on_nan, self.ckpt_root, self.state, self.engine = on_nan, ckpt_root, state, engine
+
+    def count(self, what: str) -> None:
+        """Count one; stop unless trainer.on_nan=skip."""
+        self.state.nonfinite += 1
+        if self.on_nan == "stop":
+            last = ckpt.latest(self.ckpt_root)
+            raise RuntimeError(f"non-finite {what} at step {self.state.step + 1} (trainer.on_nan=stop); last good checkpoint: {last}")
+
+    def after_step(self, at: StepEnd) -> None:
+        grad_norm = self.engine.get_global_grad_norm()
+        if grad_norm is not None and not math.isfinite(grad_norm):
+            self.count("gradient")  # DeepSpeed has already skipped this update
+
+
+@dataclass
+class StepStats:
+    """Summed counts of one or more TTT forwards; ratios are taken only when reporting."""
+
+    loss_sum: torch.Tensor  # [K]
+    correct: torch.Tensor  # [K]
+    valid: torch.Tensor  # [K]
+
+    @classmethod
+    def of(cls, out: TTTOutput) -> "StepStats":
+        return cls(out.loss_sum.detach().double(), out.correct.double(), out.valid.double())
+
+    def add(self, other: "StepStats") -> "StepStats":
+        return StepStats(self.loss_sum + other.loss_sum, self.correct + other.correct, self.valid + other.valid)
+
+    def all_reduce(self, device: torch.device) -> "StepStats":
+        packed = torch.stack([self.loss_sum, self.correct, self.valid]).to(device)  # NCCL reduces GPU tensors only
+        torch.distributed.all_reduce(packed)
+        return StepStats(*packed.cpu())
+
+    def report(self, split: str) -> dict[str, float]:
+        valid = self.valid.clamp(min=1)
+        acc, loss = (self.correct / valid).tolist(), (self.loss_sum / valid).tolist()
+        out = {f"{split}/loss": float(sum(loss) / len(loss))}
+        for k in range(len(acc)):
+            out[M.step_acc(k, split)] = acc[k]
+            out[M.step_loss(k, split)] = loss[k]
+        out[f"{split}/sim_accept_len"] = simulated_accept_length(acc)
+        return out
+
+
+@dataclass
+class Window:
+    """What the trainer accumulates between two log rows."""
+
+    stats: StepStats | None = None
+    tokens: int = 0
+    flops: float = 0.0  # model FLOPs of those tokens (trainer.flops)
+    target_s: float = 0.0
+    draft_s: float = 0.0
+    steps: int = 0
+    start: float = field(default_factory=time.perf_counter)
+
+    def add(self, stats: StepStats, tokens: int, flops: float, target_s: float, draft_s: float) -> None:
+        self.stats = stats if self.stats is None else self.stats.add(stats)
+        self.tokens, self.flops = self.tokens + tokens, self.flops + flops
+        self.target_s, self.draft_s = self.target_s + target_s, self.draft_s + draft_s
+
+
+class MetricsLog:
+    """Accumulates trained batches in a ``Window`` and logs its row every trainer.log_every steps (and the last)."""
+
+    def __init__(self, cfg: Config, built: Built, par: Parallel, state: Counters):
+        self.every, self.ttt_steps, self.total = cfg.trainer.log_every, cfg.draft.ttt_steps, built.total_steps
+        self.engine, self.config, self.par, self.state = built.engine, built.target.head.config, par, state
+        self.peak_tflops = built.peak_tflops
+        self.window = Window()
+
+    def record(self, out: TTTOutput, fb: FeatureBatch, target_s: float, draft_s: float) -> None:
+        """Add one trained batch: its counts, tokens, model FLOPs (the count launch/bench_throughput.py uses), times."""
+        tokens = int(fb.tokens.lengths.sum())
+        self.state.tokens_local += tokens
+        shape, seq = self.engine.module.draft.shape, fb.tokens.input_ids.shape[1]
+        flops = tokens * flops_per_token(self.config, shape, seq, self.ttt_steps)["total"]
+        self.window.add(StepStats.of(out), tokens, flops, target_s, draft_s)
+
+    def should_log(self) -> bool:
+        return self.state.step % self.every == 0 or self.state.step == self.total
+
+    def after_step(self, at: StepEnd) -> None:
+        self.window.steps += 1
+        at.bar.update(1)
+        if not self.should_log():
+            return
+        row = self.row(self.window)
+        if M.step_acc(0) in row:
+            at.bar.set_postfix(loss=f"{row[M.LOSS]:.3f}", acc0=f"{row[M.step_acc(0)]:.3f}", tok_s=f"{row[M.TOKENS_PER_S]:.0f}")
+        if at.sink is not None:
+            at.sink.log(row | {"epoch": at.epoch}, step=self.state.step)
+        self.window = Window()
+
+    def row(self, w: Window) -> dict[str, float]:
+        packed = torch.tensor([float(w.tokens), w.flops], dtype=torch.float64, device=self.par.device)
+        torch.distributed.all_reduce(packed)
+        wall, n = time.perf_counter() - w.start, max(1, w.steps)
+        row = w.stats.all_reduce(self.par.device).report("train") if w.stats is not None else {}
+        row.update(self.progress())
+        row.update({
+            M.LR: self.engine.get_lr()[0], M.TOKENS_PER_S: packed[0].item() / wall, M.STEP_TIME: wall / n,
+            M.TARGET_TIME: w.target_s / n, M.DRAFT_TIME: w.draft_s / n, M.NONFINITE: float(self.state.nonfinite),
+            M.STALL_SHARE: w.target_s / max(1e-9, w.target_s + w.draft_s),
+        })  # fmt: skip
+        if self.peak_tflops is not None:
+            row[M.MFU] = mfu(packed[1].item(), wall, self.par.world, self.peak_tflops)
+        grad_norm = self.engine.get_global_grad_norm()
+        if grad_norm is not None and math.isfinite(grad_norm):
+            row[M.GRAD_NORM] = float(grad_norm)
+        if self.par.device.type == "cuda":
+            row[M.GPU_MEM] = torch.cuda.max_memory_allocated(self.par.device) / 2**30
+        return row
+
+    def progress(self) -> dict[str, float]:
+        """Tokens trained on so far (all ranks) and this process's training seconds (every rank calls)."""
+        packed = torch.tensor([float(self.state.tokens_local)], device=self.par.device)
+        torch.distributed.all_reduce(packed)
+        return {M.TOKENS_SEEN: packed.item(), M.TRAIN_TIME: self.state.train_s}
+
+
+class Stop(Exception):
+    """A stop signal (SIGINT, SIGTERM) ended the run: after the current step while training, at once otherwise."""
+
+
+@dataclass
+class StopSignals:
+    """The run's phase and the stop signal received, shared by the signal handlers and the trainer.
+
+    While training, a first signal stops the run after the current step (which saves a
+    checkpoint); in every other phase, or on a second signal, ``Stop`` is raised at once."""
+
+    phase: str = STARTUP
+    received: str | None = None
+    previous: dict = field(default_factory=dict)  # the handlers ``install`` replaced
+
+    def enter(self, phase: str) -> None:
+        """Begin ``phase``; Stop if a signal came while training deferred it."""
+        self.phase = phase
+        if self.received is not None:
+            raise Stop()
+
+    def install(self) -> None:
+        """Make SIGTERM / SIGINT stop the run."""
+        self.previous = {s: signal.signal(s, self.handler) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def handler(self, signum, frame) -> None:
+        first, self.received = self.received is None, signal.Signals(signum).name
+        if self.phase != TRAINING or not first:
+            raise Stop()
+
+    def exit_code(self) -> int:
+        return 128 + signal.Signals[self.received].value  # what a shell reports for a process the signal ended
+
+    def message(self, ckpt_root: Path, run_dir: Path) -> str:
+        during = TRAINING if self.phase == PERIODIC_EVAL else self.phase
+        skipped = [f"the rest of the {during}", *PHASES[PHASES.index(during) + 1 :]]
+        if self.phase == PERIODIC_EVAL:
+            skipped.insert(0, f"the rest of the {PERIODIC_EVAL}")
+        head = f"stopped by {self.received} during the {self.phase}: skipped {'; '.join(skipped)}"
+        kept = ckpt.latest(ckpt_root)
+        if kept is None:
+            return f"{head}.\nNo checkpoint yet: run the same command again to start over."
+        step = ckpt.read_meta(kept)["position"]["step"]
+        return (
+            f"{head}.\nCheckpoint step {step} kept: {kept}\nResume (it redoes what was skipped) with the same overrides "
+            f"plus: trainer.resume=auto hydra.run.dir={run_dir}"
+        )
+
+
+class Checkpointer:
+    """Saves every trainer.checkpoint_every steps and when a stop signal came (then stops the run); resumes."""
+
+    def __init__(self, cfg: Config, built: Built, par: Parallel, ckpt_root: Path, state: Counters, signals: StopSignals):
+        self.cfg, self.built, self.par, self.root, self.state, self.signals = cfg, built, par, ckpt_root, state, signals
+
+    def resume(self, path: Path) -> None:
+        """Continue from the checkpoint at ``path``: weights, optimizer, position and data order."""
+        allow = list(self.cfg.trainer.resume_allow) + (["vocab_map"] if "data" in self.cfg.trainer.resume_allow else [])
+        saved = ckpt.read_meta(path)["fingerprint"]
+        diffs = ckpt.differences(saved, fingerprint(self.cfg, self.built, self.par, self.built.built_vocab), allow)
+        if diffs:
+            raise ValueError(
+                f"cannot resume from {path}, it differs from this run:\n  " + "\n  ".join(diffs)
+                + "\n(trainer.resume_allow=[data] or [schedule] permits a deliberate change of data or schedule)"
+            )
+        self.state.pos, data_state = ckpt.load(self.built.engine, path)
+        self.built.loader.load_state_dict(data_state, strict="data" not in allow)
+        self.state.step = self.state.pos.step
+
+    def save(self) -> Path:
+        pos, b = self.state.pos, self.built
+        data_state = b.loader.state_for(pos.epoch, pos.micro)  # what was trained, not what was read ahead
+        return ckpt.save(
+            b.engine, self.root, pos, data_state, fingerprint(self.cfg, b, self.par, b.vocab), b.vocab, asdict(self.cfg),
+            self.cfg.trainer.keep_last, self.par.is_main,
+        )  # fmt: skip
+
+    def should_save(self) -> bool:
+        every = self.cfg.trainer.checkpoint_every
+        return bool(every) and self.state.step % every == 0
+
+    def after_step(self, at: StepEnd) -> None:
+        stop = not all_agree(self.signals.received is None, self.par.device)
+        if stop or self.should_save():
+            self.save()  # before the serving eval: a stop signal during it keeps this step
+        if stop:
+            raise Stop()
+
+
+class Validator:
+    """Export for SGLang and vLLM, verify both and run the serving eval: every trainer.export_every steps and at the end."""
+
+    def __init__(self, cfg: Config, built: Built, par: Parallel, run_dir: Path, signals: StopSignals, metrics: MetricsLog):
+        self.cfg, self.built, self.par, self.run_dir, self.signals, self.metrics = cfg, built, par, run_dir, signals, metrics
+
+    def should_validate(self) -> bool:
+        every = self.cfg.trainer.export_every
+        return bool(every) and self.metrics.state.step % every == 0
+
+    def after_step(self, at: StepEnd) -> None:
+        """Between steps (minutes): a stop signal ends it, and the run, at once."""
+        if not self.should_validate():
+            return
+        self.signals.phase = PERIODIC_EVAL
+        served, progress = self.serve_eval(), self.metrics.progress()
+        self.signals.phase = TRAINING
+        if at.sink is not None:
+            at.sink.log(metrics_only(served) | progress, step=self.metrics.state.step)
+
+    def serve_eval(self) -> dict:
+        """Export for SGLang and vLLM, verify both, and decode the held-out prompts speculatively
+        with the SGLang export loaded back from disk against the whole target (rank 0; ZeRO-3
+        gathers first; ``with_eval_target`` says when the target is loaded for it). Every rank gets the result."""
+        import deepspeed
+
+        b, cfg, result = self.built, self.cfg, [None]
+        draft, head = b.engine.module.draft, b.target.head
+        with deepspeed.zero.GatheredParameters(list(draft.parameters()), enabled=cfg.deepspeed.zero_stage == 3):
+            if self.par.is_main:
+                tqdm.write(
+                    f"export for SGLang and vLLM to {self.run_dir / 'export'}, verify both, then decode "
+                    f"{len(b.prompts)} held-out prompts speculatively (serving eval)", file=sys.stderr,
+                )  # fmt: skip
+                source = b.target.path
+
+                def run(model) -> dict:
+                    return export_verify_eval(
+                        draft, b.vocab, head.info, model, head.tokenizer, b.prompts, self.run_dir / "export",
+                        norm_output=cfg.draft.norm_output, k=cfg.trainer.spec_tokens,
+                        max_new_tokens=cfg.trainer.eval_max_new_tokens, target_dir=source if source.is_dir() else None,
+                    )  # fmt: skip
+
+                result[0] = with_eval_target(b.target, cfg.trainer, self.par.device, b.dtype, run)
+        torch.distributed.broadcast_object_list(result, src=0)
+        return result[0]
+
+
+class TimeCap:
+    """Ends the run once this process has trained trainer.max_time_s seconds (every rank agrees)."""
+
+    def __init__(self, max_time_s: float | None, device: torch.device, state: Counters):
+        self.max_time_s, self.device, self.state = max_time_s, device, state
+
+    def after_step(self, at: StepEnd) -> None:
+        if self.max_time_s is not None:
+            self.state.out_of_time = not all_agree(self.state.train_s < self.max_time_s, self.device)
+
+
+def metrics_only(served: dict) -> dict[str, float]:
+    return {k: v for k, v in served.items() if k.startswith("eval/")}
