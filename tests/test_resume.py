@@ -33,6 +33,8 @@ def test_resume_continues_bitwise(tmp_path):
     """4 steps straight == 2 steps, resume from the step-2 checkpoint, 2 more (fp32, CPU)."""
     straight = Trainer(tiny_config(*STEPS), tmp_path / "a")
     straight.fit()
+    state = torch.load(tmp_path / "a" / "checkpoints" / "step_2" / ckpt.STATE_TAG / "mp_rank_00_model_states.pt", weights_only=False)
+    assert not [k for k in state["module"] if "embed_tokens" in k]  # the target's frozen embedding is rebuilt, not saved
     (tmp_path / "b" / "checkpoints").mkdir(parents=True)
     shutil.copytree(tmp_path / "a" / "checkpoints" / "step_2", tmp_path / "b" / "checkpoints" / "step_2")
     resumed = Trainer(tiny_config(*STEPS, "trainer.resume=auto"), tmp_path / "b")
@@ -47,17 +49,56 @@ def test_resume_continues_bitwise(tmp_path):
 
 def test_resume_refuses_a_different_run_and_allows_a_deliberate_change(tmp_path):
     Trainer(tiny_config("trainer.max_steps=2"), tmp_path).fit()
-    with pytest.raises(ValueError, match=r"draft: checkpoint has .*'ttt_steps': 3.*this run has .*'ttt_steps': 2"):
+    # a draft vocab of another size (a recipe left off on resume) is refused before any tensor is built
+    with pytest.raises(ValueError, match=r"differs from this run:\n  draft.vocab_size: 1024 in the checkpoint, 512 now\n  vocab_map: '\w+' in the checkpoint, '\w+' now\n\("):
+        Trainer(tiny_config("trainer.max_steps=2", "trainer.resume=auto", "draft.vocab_size=512"), tmp_path)
+    with pytest.raises(ValueError, match=r"differs from this run:\n  draft.ttt_steps: 3 in the checkpoint, 2 now\n\("):
         Trainer(tiny_config("trainer.max_steps=2", "trainer.resume=auto", "draft.ttt_steps=2"), tmp_path)
-    with pytest.raises(ValueError, match=r"data: checkpoint has"):
+    with pytest.raises(ValueError, match=r"data.max_conversations: 48 in the checkpoint, 40 now"):
         Trainer(tiny_config("trainer.max_steps=2", "trainer.resume=auto", "data.max_conversations=40"), tmp_path)
-    with pytest.raises(ValueError, match=r"schedule: checkpoint has"):
+    with pytest.raises(ValueError, match=r"schedule.name: 'cosine' in the checkpoint, 'constant' now"):
         Trainer(tiny_config("trainer.max_steps=2", "trainer.resume=auto", "schedule=constant"), tmp_path)
     # switching a cosine run to grokking mode on purpose (the seed team's plan)
     grok = Trainer(tiny_config("trainer.max_steps=3", "trainer.resume=auto", "schedule=constant", "trainer.resume_allow=[schedule]"), tmp_path)
     assert grok.step == 2 and grok.cfg.schedule.name == "constant"
     with pytest.raises(ValueError, match="neither a checkpoint nor a run dir"):
         Trainer(tiny_config(f"trainer.resume={tmp_path / 'nowhere'}"), tmp_path / "other")
+
+
+def test_fingerprint_differences_name_only_the_keys_that_differ():
+    saved = {"draft": {"vocab_size": 2048, "hidden_size": 576}, "data": {"max_len": 128}, "vocab_map": "a"}
+    now = {"draft": {"vocab_size": 4096, "hidden_size": 576}, "data": {"max_len": 256}, "vocab_map": "b", "target": {"dtype": "bf16"}}
+    assert ckpt.differences(saved, now, []) == [
+        "data.max_len: 128 in the checkpoint, 256 now", "draft.vocab_size: 2048 in the checkpoint, 4096 now",
+        "target.dtype: absent in the checkpoint, 'bf16' now", "vocab_map: 'a' in the checkpoint, 'b' now",
+    ]  # fmt: skip
+    assert ckpt.differences(saved, now, ["data", "vocab_map"]) == [
+        "draft.vocab_size: 2048 in the checkpoint, 4096 now", "target.dtype: absent in the checkpoint, 'bf16' now",
+    ]  # fmt: skip
+
+
+def test_a_draft_vocab_above_the_targets_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"config draft.vocab_size: 60000 is above the target's vocabulary of 49152 tokens"):
+        Trainer(tiny_config("draft.vocab_size=60000"), tmp_path)
+
+
+def _wandb_ids(run_dir) -> list[str]:
+    return sorted(p.name.rsplit("-", 1)[1] for p in (run_dir / "wandb").glob("offline-run-*"))
+
+
+def test_a_resume_after_a_kill_continues_the_history(tmp_path):
+    """A process killed after step 4 was logged but before it was saved: the resume from step 2
+    continues the same wandb run, and metrics.jsonl holds every step once."""
+    Trainer(tiny_config(*STEPS), tmp_path).fit()
+    shutil.rmtree(tmp_path / "checkpoints" / "step_4")
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 5, "train/lo')  # torn by the kill
+    Trainer(tiny_config(*STEPS, "trainer.resume=auto"), tmp_path).fit()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3, 4] and rows[0]["step"] == 0
+    ids = _wandb_ids(tmp_path)
+    assert len(ids) == 2 and ids[0] == ids[1], ids
+    assert ckpt.read_meta(tmp_path / "checkpoints" / "step_4")["wandb_id"] == ids[0]
 
 
 def test_non_finite_loss_is_skipped_or_stops(tmp_path):

@@ -30,7 +30,7 @@ class TargetConfig:
 
 @dataclass
 class DraftConfig:
-    vocab_size: int = 32000  # at most the target vocab
+    vocab_size: int = 32000  # at most the target vocab (a larger one is refused)
     ttt_steps: int = 7
     step_decay: float = 0.8
     norm_output: bool = False  # what SGLang feeds back at draft steps > 0 (DESIGN contract 5)

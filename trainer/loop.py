@@ -105,6 +105,8 @@ class Trainer:
         self.dtype = _dtype(cfg.target.dtype, self.par.device)
         self.target: TargetBundle = load_target(cfg.target, self.par.device, self.dtype)
         ids = tuple(self.target.engine.info.aux_layer_ids)
+        self.shape = draft_shape_for(self.target.engine.model.config, len(ids), cfg.draft.vocab_size)
+        self.embed_digest = ckpt.tensor_digest(self.target.engine.embed_weight)  # the draft's frozen embedding
         self.target_source = TargetSource(target_recipe(cfg, ids, self.dtype, self.par), engine=self.target.engine)
         self.data = prepare_data(cfg.data, self.target.tokenizer, cfg.trainer.seed)
         self.loader = self.data.train_loader(train_batcher(cfg.data, self.target.pad_id), self.par.rank, self.par.world)
@@ -113,16 +115,19 @@ class Trainer:
         self.ckpt_root = self.run_dir / "checkpoints"
         resume_from = self._resume_path()
         built = self._vocab_map(self.loader.epoch_samples(0))  # an epoch of the mix: counts follow its weights
+        if resume_from:
+            self._check_resume(resume_from, built)  # before anything is built to the checkpoint's shapes
         self.vocab = VocabMap.load(resume_from / ckpt.VOCAB_FILE) if resume_from else built
         self.draft_to_target = self.vocab.draft_to_target.to(self.par.device)
         self.t2d = self.vocab.t2d.to(self.par.device)
         self.total_steps = self._total_steps()
         self.engine = self._deepspeed_engine()
         self.step, self.pos, self.nonfinite, self.resumed_from = 0, ckpt.Position(0, 0, 0), 0, resume_from
+        self.wandb_id: str | None = ckpt.read_meta(resume_from).get("wandb_id") if resume_from else None
         self.stop_signal: str | None = None
         self.out_of_time, self.train_s, self.tokens_local = False, 0.0, 0  # this process's training seconds and tokens (this rank)
         if resume_from:
-            self._resume(resume_from, built)
+            self._resume(resume_from)
 
     def _vocab_map(self, samples: list[EncodedSample]) -> VocabMap:
         pairs = ((torch.tensor(s.input_ids), torch.tensor(s.loss_mask)) for s in samples)
@@ -132,8 +137,8 @@ class Trainer:
     def _deepspeed_engine(self):
         import deepspeed
 
-        cfg, info = self.cfg, self.target.engine.info
-        draft = Eagle3Draft(draft_shape_for(self.target.engine.model.config, len(info.aux_layer_ids), cfg.draft.vocab_size))
+        cfg = self.cfg
+        draft = Eagle3Draft(self.shape)
         draft.init_from_target(self.target.engine.embed_weight.float().cpu(), self.target.engine.lm_head_weight.float().cpu(), self.vocab.draft_to_target)
         objective = TTTObjective(draft, cfg.draft.ttt_steps, cfg.draft.step_decay, cfg.draft.norm_output)
         params = [p for p in objective.parameters() if p.requires_grad]
@@ -147,12 +152,16 @@ class Trainer:
     # ------------------------------------------------------------------ resume and checkpoints
 
     def fingerprint(self, vocab: VocabMap) -> dict:
-        """What a checkpoint was trained on; a resume compares it (trainer.resume_allow)."""
-        info, cfg = self.target.engine.info, self.cfg
+        """What a checkpoint was trained on, every size that shapes a saved or rebuilt tensor included;
+        a resume compares it key by key (trainer.resume_allow)."""
+        info, cfg, shape = self.target.engine.info, self.cfg, self.shape.to_dict()
+        derived = ("vocab_size", "draft_vocab_size", "target_hidden_size", "num_aux")  # in target.* or draft.vocab_size
         return {
             "target": {"architecture": info.architecture, "layers": info.num_layers, "hidden": info.hidden_size,
-                       "vocab": info.vocab_size, "aux_layer_ids": list(info.aux_layer_ids)},
-            "draft": self.engine.module.draft.shape.to_dict() | {"ttt_steps": cfg.draft.ttt_steps, "norm_output": cfg.draft.norm_output},
+                       "vocab": info.vocab_size, "aux_layer_ids": list(info.aux_layer_ids), "dtype": str(self.dtype),
+                       "embedding": self.embed_digest},
+            "draft": {k: v for k, v in shape.items() if k not in derived}
+            | {"vocab_size": self.shape.draft_vocab_size, "ttt_steps": cfg.draft.ttt_steps, "norm_output": cfg.draft.norm_output},
             "vocab_map": ckpt.vocab_digest(vocab),
             "data": asdict(cfg.data) | {"seed": cfg.trainer.seed},
             "schedule": asdict(cfg.schedule) | {"epochs": cfg.trainer.epochs, "max_steps": cfg.trainer.max_steps},
@@ -171,15 +180,18 @@ class Trainer:
             raise ValueError(f"config trainer.resume: {path} is neither a checkpoint nor a run dir with checkpoints")
         return found
 
-    def _resume(self, path: Path, built: VocabMap) -> None:
+    def _check_resume(self, path: Path, built: VocabMap) -> None:
         allow = list(self.cfg.trainer.resume_allow) + (["vocab_map"] if "data" in self.cfg.trainer.resume_allow else [])
         saved = ckpt.read_meta(path)["fingerprint"]
         diffs = ckpt.differences(saved, self.fingerprint(built), allow)
         if diffs:
             raise ValueError(
                 f"cannot resume from {path}, it differs from this run:\n  " + "\n  ".join(diffs)
-                + "\n(trainer.resume_allow=[data] or [schedule] permits a deliberate change of data or schedule)"
+                + "\n(resume with the checkpoint's values; trainer.resume_allow=[data] or [schedule] permits a deliberate change of data or schedule)"
             )
+
+    def _resume(self, path: Path) -> None:
+        allow = self.cfg.trainer.resume_allow
         self.pos, data_state = ckpt.load(self.engine, path)
         self.loader.load_state_dict(data_state, strict="data" not in allow)
         self.step = self.pos.step
@@ -188,7 +200,7 @@ class Trainer:
         data_state = self.loader.state_for(self.pos.epoch, self.pos.micro)  # what was trained, not what was read ahead
         return ckpt.save(
             self.engine, self.ckpt_root, self.pos, data_state, self.fingerprint(self.vocab), self.vocab, asdict(self.cfg),
-            self.cfg.trainer.keep_last, self.par.is_main,
+            self.cfg.trainer.keep_last, self.par.is_main, self.wandb_id,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ steps
@@ -373,7 +385,11 @@ class Trainer:
     def fit(self) -> dict:
         """Evaluate the untrained draft, train, export, evaluate again; returns the summary."""
         start = time.perf_counter()
-        sink = M.MetricsSink(self.cfg.wandb, self.run_dir, asdict(self.cfg), resume=self.resumed_from is not None) if self.par.is_main else None
+        sink = None
+        if self.par.is_main:
+            resume_step = self.step if self.resumed_from else None
+            sink = M.MetricsSink(self.cfg.wandb, self.run_dir, asdict(self.cfg), self.wandb_id, resume_step)
+            self.wandb_id = sink.run.id  # saved with each checkpoint: a resume continues this wandb run
         untrained = None if self.resumed_from else self.evaluate()
         if sink is not None and untrained is not None:
             sink.log(untrained, step=0)
