@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import signal
 import time
@@ -27,6 +28,8 @@ from trainer.schedule import lr_factor
 from trainer.sources import PreparedData, TargetBundle, load_target, prepare_data, target_recipe, train_batcher
 from trainer.stream import TargetSource, open_feature_stream
 from trainer.ttt import TTTObjective, TTTOutput, simulated_accept_length, target_labels
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -508,5 +511,5 @@ def run(cfg: Config, run_dir: Path) -> dict:
     if par.is_main:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         write_report(run_dir)
-        print(format_summary(summary))
+        log.info(format_summary(summary))  # the console and the run dir's log (hydra.job_logging)
     return summary

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Mapping
 
 from trainer.config import WandbConfig
+from trainer.console import verbose
 
 LOSS = "train/loss"
 LR = "train/lr"
@@ -127,9 +128,10 @@ class MetricsSink:
         import wandb
 
         mode = os.environ.get("WANDB_MODE", cfg.mode)
+        settings = wandb.Settings(quiet=not verbose())  # no run summary / history table at the end
         self.run = wandb.init(
             project=cfg.project, entity=cfg.entity, name=cfg.name, mode=mode, dir=str(run_dir), config=config,
-            id=run_id, resume="allow" if run_id else None,
+            id=run_id, resume="allow" if run_id else None, settings=settings,
         )  # fmt: skip
         self.path = run_dir / METRICS_FILE
         if resume_step is None:
