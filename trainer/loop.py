@@ -126,11 +126,17 @@ class Trainer:
         self.total_steps = self._total_steps()
         self.engine = self._deepspeed_engine()
         self.step, self.pos, self.nonfinite, self.resumed_from = 0, ckpt.Position(0, 0, 0), 0, resume_from
-        self.wandb_id: str | None = ckpt.read_meta(resume_from).get("wandb_id") if resume_from else None
+        self.wandb_id: str | None = ckpt.read_meta(resume_from)["wandb_id"] if resume_from else None
         self.stop_signal: str | None = None
         self.out_of_time, self.train_s, self.tokens_local = False, 0.0, 0  # this process's training seconds and tokens (this rank)
         if resume_from:
             self._resume(resume_from)
+
+    def close(self) -> None:
+        """Remove DeepSpeed's gradient hooks: they are held by autograd (outside Python's garbage
+        collector) and reference the engine, so without this the trainer (target, draft,
+        optimizer) stays in memory until the process ends."""
+        self.engine.destroy()
 
     def _vocab_map(self, samples: list[EncodedSample]) -> VocabMap:
         pairs = ((torch.tensor(s.input_ids), torch.tensor(s.loss_mask)) for s in samples)
@@ -506,6 +512,7 @@ def run(cfg: Config, run_dir: Path) -> dict:
     torch.distributed.all_gather_object(checksums, _draft_checksum(trainer))
     summary["draft_checksums"] = checksums
     summary["shard_overlap"] = _shard_overlap(trainer)
+    trainer.close()
     summary["summary_path"] = str(run_dir / "summary.json")
     summary["report"] = str(run_dir / REPORT_DIR / REPORT_FILE)
     if par.is_main:
