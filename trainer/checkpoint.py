@@ -105,10 +105,10 @@ def _set_rng_state(state: dict) -> None:
 
 def save(
     engine, root: Path, pos: Position, data_state: dict, fingerprint: dict, vocab: VocabMap, config: dict, keep_last: int, is_main: bool,
-    wandb_id: str | None = None,
+    wandb_id: str | None,
 ) -> Path:
     """Every rank calls this. ``data_state`` is the data loader's position (``MixLoader.state_for``);
-    ``wandb_id`` the run's wandb id (rank 0), which a resume continues."""
+    ``wandb_id`` the run's wandb id (rank 0; None before wandb starts), which a resume continues."""
     final = root / f"step_{pos.step}"
     tmp = root / f".tmp-step_{pos.step}"
     if is_main:
