@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import signal
@@ -30,6 +31,8 @@ from trainer.schedule import lr_factor
 from trainer.sources import PreparedData, TargetBundle, load_target, prepare_data, target_recipe, train_batcher, with_eval_target
 from trainer.stream import TargetSource, open_feature_stream
 from trainer.ttt import TTTObjective, TTTOutput, simulated_accept_length, target_labels
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -157,15 +160,20 @@ class Trainer:
         torch.manual_seed(cfg.trainer.seed)
         self.dtype = _dtype(cfg.target.dtype, self.par.device)
         self.target: TargetBundle = load_target(cfg.target, cfg.engine.mode, self.par.device, self.dtype)
-        info = self.target.head.info
-        self.target_source = TargetSource(target_recipe(cfg, info.aux_layer_ids, self.dtype, self.par), engine=self.target.engine, info=info)
-        self.data = prepare_data(cfg.data, self.target.head.tokenizer, cfg.trainer.seed, cfg.trainer.eval_prompts_file)
+        head = self.target.head
+        ids = tuple(head.info.aux_layer_ids)
+        self.shape = draft_shape_for(head.config, len(ids), cfg.draft.vocab_size)
+        self.embed_digest = ckpt.tensor_digest(head.embed_weight)  # the draft's frozen embedding
+        self.target_source = TargetSource(target_recipe(cfg, ids, self.dtype, self.par), engine=self.target.engine, info=head.info)
+        self.data = prepare_data(cfg.data, head.tokenizer, cfg.trainer.seed, cfg.trainer.eval_prompts_file)
         self.loader = self.data.train_loader(train_batcher(cfg.data, self.target.pad_id), self.par.rank, self.par.world)
         self.eval_samples = self.data.eval_samples()
         self.prompts, self.prompt_origin = eval_prompt_set(cfg, self.data)
         self.ckpt_root = self.run_dir / CHECKPOINTS
         resume_from = self._resume_path()
         built = self._vocab_map(self.loader.epoch_samples(0))  # an epoch of the mix: counts follow its weights
+        if resume_from:
+            self._check_resume(resume_from, built)  # before anything is built to the checkpoint's shapes
         self.vocab = VocabMap.load(resume_from / ckpt.VOCAB_FILE) if resume_from else built
         self.draft_to_target = self.vocab.draft_to_target.to(self.par.device)
         self.t2d = self.vocab.t2d.to(self.par.device)
@@ -173,9 +181,16 @@ class Trainer:
         self.engine = self._deepspeed_engine()
         self.peak_tflops = device_peak_tflops(cfg.trainer.peak_tflops, self.par.device.type)  # None: no perf/mfu
         self.step, self.pos, self.nonfinite, self.resumed_from = 0, ckpt.Position(0, 0, 0), 0, resume_from
+        self.wandb_id: str | None = ckpt.read_meta(resume_from)["wandb_id"] if resume_from else None
         self.out_of_time, self.train_s, self.tokens_local = False, 0.0, 0  # this process's training seconds and tokens (this rank)
         if resume_from:
-            self._resume(resume_from, built)
+            self._resume(resume_from)
+
+    def close(self) -> None:
+        """Remove DeepSpeed's gradient hooks: they are held by autograd (outside Python's garbage
+        collector) and reference the engine, so without this the trainer (target, draft,
+        optimizer) stays in memory until the process ends."""
+        self.engine.destroy()
 
     def _vocab_map(self, samples: list[EncodedSample]) -> VocabMap:
         pairs = ((torch.tensor(s.input_ids), torch.tensor(s.loss_mask)) for s in samples)
@@ -186,7 +201,7 @@ class Trainer:
         import deepspeed
 
         cfg, head = self.cfg, self.target.head
-        draft = Eagle3Draft(draft_shape_for(head.config, len(head.info.aux_layer_ids), cfg.draft.vocab_size))
+        draft = Eagle3Draft(self.shape)
         draft.init_from_target(head.embed_weight.float().cpu(), head.lm_head_weight.float().cpu(), self.vocab.draft_to_target)
         objective = TTTObjective(draft, cfg.draft.ttt_steps, cfg.draft.step_decay, cfg.draft.norm_output)
         params = [p for p in objective.parameters() if p.requires_grad]
@@ -200,12 +215,16 @@ class Trainer:
     # ------------------------------------------------------------------ resume and checkpoints
 
     def fingerprint(self, vocab: VocabMap) -> dict:
-        """What a checkpoint was trained on; a resume compares it (trainer.resume_allow)."""
-        info, cfg = self.target.head.info, self.cfg
+        """What a checkpoint was trained on, every size that shapes a saved or rebuilt tensor included;
+        a resume compares it key by key (trainer.resume_allow)."""
+        info, cfg, shape = self.target.head.info, self.cfg, self.shape.to_dict()
+        derived = ("vocab_size", "draft_vocab_size", "target_hidden_size", "num_aux")  # in target.* or draft.vocab_size
         return {
             "target": {"architecture": info.architecture, "layers": info.num_layers, "hidden": info.hidden_size,
-                       "vocab": info.vocab_size, "aux_layer_ids": list(info.aux_layer_ids)},
-            "draft": self.engine.module.draft.shape.to_dict() | {"ttt_steps": cfg.draft.ttt_steps, "norm_output": cfg.draft.norm_output},
+                       "vocab": info.vocab_size, "aux_layer_ids": list(info.aux_layer_ids), "dtype": str(self.dtype),
+                       "embedding": self.embed_digest},
+            "draft": {k: v for k, v in shape.items() if k not in derived}
+            | {"vocab_size": self.shape.draft_vocab_size, "ttt_steps": cfg.draft.ttt_steps, "norm_output": cfg.draft.norm_output},
             "vocab_map": ckpt.vocab_digest(vocab),
             "data": asdict(cfg.data) | {"seed": cfg.trainer.seed},
             "schedule": asdict(cfg.schedule) | {"epochs": cfg.trainer.epochs, "max_steps": cfg.trainer.max_steps},
@@ -224,15 +243,18 @@ class Trainer:
             raise ValueError(f"config trainer.resume: {path} is neither a checkpoint nor a run dir with checkpoints")
         return found
 
-    def _resume(self, path: Path, built: VocabMap) -> None:
+    def _check_resume(self, path: Path, built: VocabMap) -> None:
         allow = list(self.cfg.trainer.resume_allow) + (["vocab_map"] if "data" in self.cfg.trainer.resume_allow else [])
         saved = ckpt.read_meta(path)["fingerprint"]
         diffs = ckpt.differences(saved, self.fingerprint(built), allow)
         if diffs:
             raise ValueError(
                 f"cannot resume from {path}, it differs from this run:\n  " + "\n  ".join(diffs)
-                + "\n(trainer.resume_allow=[data] or [schedule] permits a deliberate change of data or schedule)"
+                + "\n(resume with the checkpoint's values; trainer.resume_allow=[data] or [schedule] permits a deliberate change of data or schedule)"
             )
+
+    def _resume(self, path: Path) -> None:
+        allow = self.cfg.trainer.resume_allow
         self.pos, data_state = ckpt.load(self.engine, path)
         self.loader.load_state_dict(data_state, strict="data" not in allow)
         self.step = self.pos.step
@@ -241,7 +263,7 @@ class Trainer:
         data_state = self.loader.state_for(self.pos.epoch, self.pos.micro)  # what was trained, not what was read ahead
         return ckpt.save(
             self.engine, self.ckpt_root, self.pos, data_state, self.fingerprint(self.vocab), self.vocab, asdict(self.cfg),
-            self.cfg.trainer.keep_last, self.par.is_main,
+            self.cfg.trainer.keep_last, self.par.is_main, self.wandb_id,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ steps
@@ -449,7 +471,11 @@ class Trainer:
     def fit(self) -> dict:
         """Evaluate the untrained draft, train, export, evaluate again; returns the summary."""
         start = time.perf_counter()
-        sink = M.MetricsSink(self.cfg.wandb, self.run_dir, asdict(self.cfg), resume=self.resumed_from is not None) if self.par.is_main else None
+        sink = None
+        if self.par.is_main:
+            resume_step = self.step if self.resumed_from else None
+            sink = M.MetricsSink(self.cfg.wandb, self.run_dir, asdict(self.cfg), self.wandb_id, resume_step)
+            self.wandb_id = sink.run.id  # saved with each checkpoint: a resume continues this wandb run
         try:
             return self._fit(sink, start)
         except BaseException as e:
@@ -578,10 +604,11 @@ def _run(cfg: Config, run_dir: Path, par: Parallel, signals: StopSignals) -> dic
     torch.distributed.all_gather_object(checksums, _draft_checksum(trainer))
     summary["draft_checksums"] = checksums
     summary["shard_overlap"] = _shard_overlap(trainer)
+    trainer.close()
     summary["summary_path"] = str(run_dir / "summary.json")
     summary["report"] = str(run_dir / REPORT_DIR / REPORT_FILE)
     if par.is_main:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         write_report(run_dir)
-        print(format_summary(summary))
+        log.info(format_summary(summary))  # the console and the run dir's log (hydra.job_logging)
     return summary
