@@ -45,7 +45,13 @@ class DraftShape:
 
 
 def draft_shape_for(target_config, num_aux: int, draft_vocab_size: int) -> DraftShape:
-    """A draft as wide as the target, with the target's attention and MLP sizes."""
+    """A draft as wide as the target, with the target's attention and MLP sizes; its vocabulary
+    of ``draft_vocab_size`` target tokens is at most the target's."""
+    if draft_vocab_size > target_config.vocab_size:
+        raise ValueError(
+            f"config draft.vocab_size: {draft_vocab_size} is above the target's vocabulary of {target_config.vocab_size} "
+            f"tokens; set draft.vocab_size={target_config.vocab_size} or less"
+        )
     heads = target_config.num_attention_heads
     head_dim = getattr(target_config, "head_dim", None) or target_config.hidden_size // heads
     return DraftShape(
@@ -57,7 +63,7 @@ def draft_shape_for(target_config, num_aux: int, draft_vocab_size: int) -> Draft
         target_hidden_size=target_config.hidden_size,
         num_aux=num_aux,
         vocab_size=target_config.vocab_size,
-        draft_vocab_size=min(draft_vocab_size, target_config.vocab_size),
+        draft_vocab_size=draft_vocab_size,
         rms_norm_eps=target_config.rms_norm_eps,
         rope_theta=rope_theta_of(target_config),
         max_position_embeddings=target_config.max_position_embeddings,

@@ -65,3 +65,16 @@ def test_schedules():
     assert lr_factor(cosine, 0, total) == pytest.approx(1 / 3) and lr_factor(cosine, warm, total) == pytest.approx(1.0)
     assert lr_factor(cosine, total - 1, total) < 0.01
     assert all(lr_factor(constant, s, total) == 1.0 for s in range(warm, total))
+
+
+@pytest.mark.parametrize("override, key", [("+trainer.foo=1", "trainer.foo"), ("+foo=1", "foo"), ("+data.sources.chatterbot.colour=red", "data.sources.chatterbot.colour")])
+def test_an_appended_unknown_key_is_refused(override, key):
+    with pytest.raises(ValueError, match=rf"config {key}: unknown key"):
+        _compose(override)
+
+
+@pytest.mark.parametrize("group", ["target=local", "target=kimi_k25"])
+def test_a_missing_mandatory_value_names_the_key(group):
+    with pytest.raises(ValueError, match=r"config target.path: mandatory value missing .* target.path="):
+        _compose(group)
+    assert _compose(group, "target.path=/models/x").target.path == "/models/x"

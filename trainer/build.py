@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from models.draft import Eagle3Draft, draft_shape_for
+from models.draft import DraftShape, Eagle3Draft, draft_shape_for
+from models.target import TargetInfo
 from models.vocab_map import VocabMap, build_vocab_map, count_tokens
 from serving.prompts import PromptSpec, prompts_from_conversations, read_prompt_file
 from trainer import checkpoint as ckpt
@@ -23,19 +24,48 @@ from trainer.ttt import TargetLabeler, TTTObjective
 
 
 @dataclass
+class RunIdentity:
+    """What a checkpoint's fingerprint is computed from: the target, the draft's shape, the sizes of the run."""
+
+    cfg: Config
+    info: TargetInfo
+    shape: DraftShape
+    embed_digest: str  # the target's embedding, which the draft keeps frozen
+    dtype: torch.dtype
+    world: int
+
+    def fingerprint(self, vocab: VocabMap) -> dict:
+        """What a checkpoint was trained on, every size that shapes a saved or rebuilt tensor included;
+        a resume compares it key by key (trainer.resume_allow)."""
+        info, cfg, shape = self.info, self.cfg, self.shape.to_dict()
+        derived = ("vocab_size", "draft_vocab_size", "target_hidden_size", "num_aux")  # in target.* or draft.vocab_size
+        return {
+            "target": {"architecture": info.architecture, "layers": info.num_layers, "hidden": info.hidden_size,
+                       "vocab": info.vocab_size, "aux_layer_ids": list(info.aux_layer_ids), "dtype": str(self.dtype),
+                       "embedding": self.embed_digest},
+            "draft": {k: v for k, v in shape.items() if k not in derived}
+            | {"vocab_size": self.shape.draft_vocab_size, "ttt_steps": cfg.draft.ttt_steps, "norm_output": cfg.draft.norm_output},
+            "vocab_map": ckpt.vocab_digest(vocab),
+            "data": asdict(cfg.data) | {"seed": cfg.trainer.seed},
+            "schedule": asdict(cfg.schedule) | {"epochs": cfg.trainer.epochs, "max_steps": cfg.trainer.max_steps},
+            "parallel": {"world": self.world, "zero_stage": cfg.deepspeed.zero_stage, "grad_accum": cfg.deepspeed.grad_accum},
+        }  # fmt: skip
+
+
+@dataclass
 class Built:
     """Everything ``Trainer`` trains with, built by ``build``."""
 
     dtype: torch.dtype  # the target's features
     target: TargetBundle
+    identity: RunIdentity
     target_source: TargetSource  # the feature engine (inprocess, colocated or SGLang)
     data: PreparedData
     loader: MixLoader  # this rank's training batches
     prompts: list[PromptSpec]  # the serving-eval prompts
     prompt_origin: dict  # where they come from (the summary's ``eval_prompts``)
     resume_from: Path | None  # the checkpoint the run continues from
-    built_vocab: VocabMap  # the vocab map this run's data gives (a resume compares it)
-    vocab: VocabMap  # the map trained with: ``built_vocab``, or the resumed checkpoint's
+    vocab: VocabMap  # the map trained with: built from this run's data, or the resumed checkpoint's
     labeler: TargetLabeler
     total_steps: int
     engine: object  # deepspeed.DeepSpeedEngine wrapping a TTTObjective
@@ -47,20 +77,24 @@ def build(cfg: Config, par: Parallel, ckpt_root: Path) -> Built:
     torch.manual_seed(cfg.trainer.seed)
     dtype = _dtype(cfg.target.dtype, par.device)
     target = load_target(cfg.target, cfg.engine.mode, par.device, dtype)
-    info = target.head.info
-    source = TargetSource(target_recipe(cfg, info.aux_layer_ids, dtype, par), engine=target.engine, info=info)
-    data = prepare_data(cfg.data, target.head.tokenizer, cfg.trainer.seed, cfg.trainer.eval_prompts_file)
+    head, ids = target.head, tuple(target.head.info.aux_layer_ids)
+    shape = draft_shape_for(head.config, len(ids), cfg.draft.vocab_size)
+    identity = RunIdentity(cfg, head.info, shape, ckpt.tensor_digest(head.embed_weight), dtype, par.world)
+    source = TargetSource(target_recipe(cfg, ids, dtype, par), engine=target.engine, info=head.info)
+    data = prepare_data(cfg.data, head.tokenizer, cfg.trainer.seed, cfg.trainer.eval_prompts_file)
     loader = data.train_loader(train_batcher(cfg.data, target.pad_id), par.rank, par.world)
     prompts, prompt_origin = eval_prompt_set(cfg, data)
     resume_from = resume_path(cfg, ckpt_root)
-    built = vocab_map(loader.epoch_samples(0), info.vocab_size, cfg.draft.vocab_size)  # an epoch of the mix: counts follow its weights
+    built = vocab_map(loader.epoch_samples(0), head.info.vocab_size, cfg.draft.vocab_size)  # an epoch of the mix: counts follow its weights
+    if resume_from:
+        check_resume(cfg, resume_from, identity.fingerprint(built))  # before anything is built to the checkpoint's shapes
     vocab = VocabMap.load(resume_from / ckpt.VOCAB_FILE) if resume_from else built
-    labeler = TargetLabeler(target.head.lm_head_weight, vocab.draft_to_target.to(par.device), vocab.t2d.to(par.device))
+    labeler = TargetLabeler(head.lm_head_weight, vocab.draft_to_target.to(par.device), vocab.t2d.to(par.device))
     total = total_steps(cfg, data, loader, par)
     return Built(
-        dtype=dtype, target=target, target_source=source, data=data, loader=loader, prompts=prompts, prompt_origin=prompt_origin,
-        resume_from=resume_from, built_vocab=built, vocab=vocab, labeler=labeler, total_steps=total,
-        engine=deepspeed_engine(cfg, target, vocab, total, dtype), peak_tflops=device_peak_tflops(cfg.trainer.peak_tflops, par.device.type),
+        dtype=dtype, target=target, identity=identity, target_source=source, data=data, loader=loader, prompts=prompts, prompt_origin=prompt_origin,
+        resume_from=resume_from, vocab=vocab, labeler=labeler, total_steps=total,
+        engine=deepspeed_engine(cfg, target, shape, vocab, total, dtype), peak_tflops=device_peak_tflops(cfg.trainer.peak_tflops, par.device.type),
     )  # fmt: skip
 
 
@@ -103,12 +137,12 @@ def deepspeed_config(cfg: Config, bf16: bool) -> dict:
     }
 
 
-def deepspeed_engine(cfg: Config, target: TargetBundle, vocab: VocabMap, total: int, dtype: torch.dtype):
+def deepspeed_engine(cfg: Config, target: TargetBundle, shape: DraftShape, vocab: VocabMap, total: int, dtype: torch.dtype):
     """The draft, initialised from the target's embedding and lm_head, in its TTT objective under DeepSpeed."""
     import deepspeed
 
     head = target.head
-    draft = Eagle3Draft(draft_shape_for(head.config, len(head.info.aux_layer_ids), cfg.draft.vocab_size))
+    draft = Eagle3Draft(shape)
     draft.init_from_target(head.embed_weight.float().cpu(), head.lm_head_weight.float().cpu(), vocab.draft_to_target)
     objective = TTTObjective(draft, cfg.draft.ttt_steps, cfg.draft.step_decay, cfg.draft.norm_output)
     params = [p for p in objective.parameters() if p.requires_grad]
@@ -134,18 +168,15 @@ def resume_path(cfg: Config, ckpt_root: Path) -> Path | None:
     return found
 
 
-def fingerprint(cfg: Config, built: Built, par: Parallel, vocab: VocabMap) -> dict:
-    """What a checkpoint was trained on; a resume compares it (trainer.resume_allow)."""
-    info = built.target.head.info
-    return {
-        "target": {"architecture": info.architecture, "layers": info.num_layers, "hidden": info.hidden_size,
-                   "vocab": info.vocab_size, "aux_layer_ids": list(info.aux_layer_ids)},
-        "draft": built.engine.module.draft.shape.to_dict() | {"ttt_steps": cfg.draft.ttt_steps, "norm_output": cfg.draft.norm_output},
-        "vocab_map": ckpt.vocab_digest(vocab),
-        "data": asdict(cfg.data) | {"seed": cfg.trainer.seed},
-        "schedule": asdict(cfg.schedule) | {"epochs": cfg.trainer.epochs, "max_steps": cfg.trainer.max_steps},
-        "parallel": {"world": par.world, "zero_stage": cfg.deepspeed.zero_stage, "grad_accum": cfg.deepspeed.grad_accum},
-    }  # fmt: skip
+def check_resume(cfg: Config, path: Path, now: dict) -> None:
+    """Refuse to resume from ``path`` when its fingerprint differs from this run's ``now`` (except trainer.resume_allow)."""
+    allow = list(cfg.trainer.resume_allow) + (["vocab_map"] if "data" in cfg.trainer.resume_allow else [])
+    diffs = ckpt.differences(ckpt.read_meta(path)["fingerprint"], now, allow)
+    if diffs:
+        raise ValueError(
+            f"cannot resume from {path}, it differs from this run:\n  " + "\n  ".join(diffs)
+            + "\n(resume with the checkpoint's values; trainer.resume_allow=[data] or [schedule] permits a deliberate change of data or schedule)"
+        )
 
 
 def eval_prompt_set(cfg: Config, data: PreparedData) -> tuple[list[PromptSpec], dict]:

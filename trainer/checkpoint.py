@@ -1,10 +1,12 @@
 """Atomic, resumable checkpoints: DeepSpeed state + position + what the run was trained on.
 
-A checkpoint is ``<run_dir>/checkpoints/step_<N>/`` holding DeepSpeed's files (draft,
-optimizer, LR scheduler, RNG; every rank writes its own shards) under ``state/``, the vocab
-map, and ``meta.json`` (position, the data loader's state, fingerprint, resolved config). It is written under a
-temporary name and renamed when every rank has finished, so a crash during a save leaves
-the previous checkpoint whole; directories that are not complete checkpoints are ignored.
+A checkpoint is ``<run_dir>/checkpoints/step_<N>/`` holding DeepSpeed's files (the draft's
+trained parameters, optimizer, LR scheduler, RNG; every rank writes its own shards) under
+``state/``, the vocab map, and ``meta.json`` (position, the data loader's state, fingerprint,
+wandb run id, resolved config). Frozen parameters (the target's embedding) are not saved: a
+resume rebuilds them from the target, whose embedding digest is in the fingerprint. It is
+written under a temporary name and renamed when every rank has finished, so a crash during a
+save leaves the previous checkpoint whole; directories that are not complete checkpoints are ignored.
 """
 
 from __future__ import annotations
@@ -44,13 +46,34 @@ def vocab_digest(vocab: VocabMap) -> str:
     return h.hexdigest()[:16]
 
 
+def tensor_digest(t: torch.Tensor) -> str:
+    """Digest of a tensor's dtype, shape and bytes (any dtype, bfloat16 included)."""
+    t = t.detach().contiguous().cpu()
+    h = hashlib.sha256(f"{t.dtype} {tuple(t.shape)}".encode())
+    h.update(t.view(-1).view(torch.uint8).numpy())
+    return h.hexdigest()[:16]
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def differences(saved: dict, now: dict, allow: list[str]) -> list[str]:
-    """Fingerprint fields that differ, except those in ``allow``; one line each."""
+    """Fingerprint keys (dotted, e.g. ``draft.vocab_size``) whose values differ, except those
+    under a top-level key in ``allow``; one line each."""
+    saved, now = _flat(saved), _flat(now)
     out = []
     for key in sorted(saved.keys() | now.keys()):
-        if key in allow or saved.get(key) == now.get(key):
+        if key.split(".")[0] in allow or saved.get(key) == now.get(key):
             continue
-        out.append(f"{key}: checkpoint has {saved.get(key)!r}, this run has {now.get(key)!r}")
+        was, is_ = (repr(d[key]) if key in d else "absent" for d in (saved, now))
+        out.append(f"{key}: {was} in the checkpoint, {is_} now")
     return out
 
 
@@ -81,9 +104,11 @@ def _set_rng_state(state: dict) -> None:
 
 
 def save(
-    engine, root: Path, pos: Position, data_state: dict, fingerprint: dict, vocab: VocabMap, config: dict, keep_last: int, is_main: bool
+    engine, root: Path, pos: Position, data_state: dict, fingerprint: dict, vocab: VocabMap, config: dict, keep_last: int, is_main: bool,
+    wandb_id: str | None,
 ) -> Path:
-    """Every rank calls this. ``data_state`` is the data loader's position (``MixLoader.state_for``)."""
+    """Every rank calls this. ``data_state`` is the data loader's position (``MixLoader.state_for``);
+    ``wandb_id`` the run's wandb id (rank 0; None before wandb starts), which a resume continues."""
     final = root / f"step_{pos.step}"
     tmp = root / f".tmp-step_{pos.step}"
     if is_main:
@@ -91,11 +116,11 @@ def save(
         tmp.mkdir(parents=True)
     torch.distributed.barrier()
     try:
-        engine.save_checkpoint(str(tmp), tag=STATE_TAG, client_state={"rng": _rng_state()}, save_latest=False)
+        engine.save_checkpoint(str(tmp), tag=STATE_TAG, client_state={"rng": _rng_state()}, save_latest=False, exclude_frozen_parameters=True)
         torch.distributed.barrier()
         if is_main:
             vocab.save(tmp / VOCAB_FILE)
-            meta = {"position": asdict(pos), "data_state": data_state, "fingerprint": fingerprint, "config": config}
+            meta = {"position": asdict(pos), "data_state": data_state, "fingerprint": fingerprint, "wandb_id": wandb_id, "config": config}
             (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
@@ -120,10 +145,22 @@ def read_meta(path: Path) -> dict:
     return json.loads((path / META_FILE).read_text())
 
 
+def _load_trained(src: dict, dst: torch.nn.Module) -> None:
+    """Load a checkpoint's module state into ``dst``: every trained parameter, strictly; the
+    frozen ones stay as built from the target (they are not saved)."""
+    frozen = {name for name, p in dst.named_parameters() if not p.requires_grad}
+    result = dst.load_state_dict(src, strict=False)
+    missing, unexpected = sorted(set(result.missing_keys) - frozen), sorted(result.unexpected_keys)
+    if missing or unexpected:
+        raise ValueError(f"checkpoint state does not match the draft: missing {missing}, unexpected {unexpected}")
+
+
 def load(engine, path: Path) -> tuple[Position, dict]:
     """Restore DeepSpeed state and RNG from ``path``; returns the position and the data loader state."""
     meta = read_meta(path)
-    load_path, client = engine.load_checkpoint(str(path), tag=STATE_TAG, load_optimizer_states=True, load_lr_scheduler_states=True)
+    load_path, client = engine.load_checkpoint(
+        str(path), tag=STATE_TAG, load_optimizer_states=True, load_lr_scheduler_states=True, custom_load_fn=_load_trained
+    )
     if load_path is None:
         raise ValueError(f"{path}: DeepSpeed found no state under {STATE_TAG}/")
     _set_rng_state(client["rng"])

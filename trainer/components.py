@@ -25,7 +25,7 @@ from serving.pipeline import export_verify_eval
 from trainer import checkpoint as ckpt
 from trainer import metrics as M
 from trainer.batch import FeatureBatch
-from trainer.build import Built, fingerprint
+from trainer.build import Built
 from trainer.config import Config
 from trainer.dist import Parallel
 from trainer.flops import flops_per_token, mfu
@@ -51,7 +51,6 @@ class StepEnd:
 
     epoch: int
     consumed: int  # micro-batches of ``epoch`` trained (or skipped) so far
-    sink: M.MetricsSink | None  # rank 0 only
     bar: tqdm
 
 
@@ -80,8 +79,15 @@ class Counters:
 class NonFinite:
     """A non-finite loss (every rank skips the batch) or gradient (DeepSpeed skipped the update)."""
 
-    def __init__(self, on_nan: str, ckpt_root: Path, state: Counters, engine):
-        self.on_nan, self.ckpt_root, self.state, self.engine = on_nan, ckpt_root, state, engine
+    def __init__(self, on_nan: str, ckpt_root: Path, state: Counters, engine, device: torch.device):
+        self.on_nan, self.ckpt_root, self.state, self.engine, self.device = on_nan, ckpt_root, state, engine, device
+
+    def finite_loss(self, out: TTTOutput) -> bool:
+        """True when the loss is finite on every rank; else count it (every rank skips the batch)."""
+        if all_agree(bool(torch.isfinite(out.loss)), self.device):
+            return True
+        self.count("loss")
+        return False
 
     def count(self, what: str) -> None:
         """Count one; stop unless trainer.on_nan=skip."""
@@ -146,13 +152,33 @@ class Window:
 
 
 class MetricsLog:
-    """Accumulates trained batches in a ``Window`` and logs its row every trainer.log_every steps (and the last)."""
+    """Accumulates trained batches in a ``Window`` and logs its row every trainer.log_every steps (and the last);
+    rank 0 writes every row to its ``sink`` (wandb and metrics.jsonl)."""
 
     def __init__(self, cfg: Config, built: Built, par: Parallel, state: Counters):
         self.every, self.ttt_steps, self.total = cfg.trainer.log_every, cfg.draft.ttt_steps, built.total_steps
         self.engine, self.config, self.par, self.state = built.engine, built.target.head.config, par, state
         self.peak_tflops = built.peak_tflops
-        self.window = Window()
+        self.window, self.sink = Window(), None
+
+    def open(self, cfg: Config, run_dir: Path, wandb_id: str | None, resumed: bool) -> str | None:
+        """Start rank 0's sink (a resumed run continues wandb run ``wandb_id`` and its log); returns
+        the wandb run id: the sink's on rank 0, ``wandb_id`` elsewhere."""
+        if not self.par.is_main:
+            return wandb_id
+        self.sink = M.MetricsSink(cfg.wandb, run_dir, asdict(cfg), wandb_id, self.state.step if resumed else None)
+        return self.sink.run.id
+
+    def finish(self, summary: dict | None = None, exit_code: int = 0) -> None:
+        """End rank 0's wandb run: with the run's ``summary``, or (None) failed or stopped with ``exit_code``."""
+        if self.sink is not None and summary is not None:
+            self.sink.finish(summary)
+        elif self.sink is not None:
+            self.sink.run.finish(exit_code=exit_code)
+
+    def log(self, row: dict[str, float], step: int) -> None:
+        if self.sink is not None:
+            self.sink.log(row, step=step)
 
     def record(self, out: TTTOutput, fb: FeatureBatch, target_s: float, draft_s: float) -> None:
         """Add one trained batch: its counts, tokens, model FLOPs (the count launch/bench_throughput.py uses), times."""
@@ -173,8 +199,7 @@ class MetricsLog:
         row = self.row(self.window)
         if M.step_acc(0) in row:
             at.bar.set_postfix(loss=f"{row[M.LOSS]:.3f}", acc0=f"{row[M.step_acc(0)]:.3f}", tok_s=f"{row[M.TOKENS_PER_S]:.0f}")
-        if at.sink is not None:
-            at.sink.log(row | {"epoch": at.epoch}, step=self.state.step)
+        self.log(row | {"epoch": at.epoch}, self.state.step)
         self.window = Window()
 
     def row(self, w: Window) -> dict[str, float]:
@@ -262,27 +287,21 @@ class Checkpointer:
 
     def __init__(self, cfg: Config, built: Built, par: Parallel, ckpt_root: Path, state: Counters, signals: StopSignals):
         self.cfg, self.built, self.par, self.root, self.state, self.signals = cfg, built, par, ckpt_root, state, signals
+        resumed = built.resume_from
+        self.wandb_id: str | None = ckpt.read_meta(resumed)["wandb_id"] if resumed else None  # saved: a resume continues it
 
     def resume(self, path: Path) -> None:
-        """Continue from the checkpoint at ``path``: weights, optimizer, position and data order."""
-        allow = list(self.cfg.trainer.resume_allow) + (["vocab_map"] if "data" in self.cfg.trainer.resume_allow else [])
-        saved = ckpt.read_meta(path)["fingerprint"]
-        diffs = ckpt.differences(saved, fingerprint(self.cfg, self.built, self.par, self.built.built_vocab), allow)
-        if diffs:
-            raise ValueError(
-                f"cannot resume from {path}, it differs from this run:\n  " + "\n  ".join(diffs)
-                + "\n(trainer.resume_allow=[data] or [schedule] permits a deliberate change of data or schedule)"
-            )
+        """Continue from the checkpoint at ``path`` (``build`` has checked it): weights, optimizer, position, data order."""
         self.state.pos, data_state = ckpt.load(self.built.engine, path)
-        self.built.loader.load_state_dict(data_state, strict="data" not in allow)
+        self.built.loader.load_state_dict(data_state, strict="data" not in self.cfg.trainer.resume_allow)
         self.state.step = self.state.pos.step
 
     def save(self) -> Path:
         pos, b = self.state.pos, self.built
         data_state = b.loader.state_for(pos.epoch, pos.micro)  # what was trained, not what was read ahead
         return ckpt.save(
-            b.engine, self.root, pos, data_state, fingerprint(self.cfg, b, self.par, b.vocab), b.vocab, asdict(self.cfg),
-            self.cfg.trainer.keep_last, self.par.is_main,
+            b.engine, self.root, pos, data_state, b.identity.fingerprint(b.vocab), b.vocab, asdict(self.cfg),
+            self.cfg.trainer.keep_last, self.par.is_main, self.wandb_id,
         )  # fmt: skip
 
     def should_save(self) -> bool:
@@ -314,8 +333,7 @@ class Validator:
         self.signals.phase = PERIODIC_EVAL
         served, progress = self.serve_eval(), self.metrics.progress()
         self.signals.phase = TRAINING
-        if at.sink is not None:
-            at.sink.log(metrics_only(served) | progress, step=self.metrics.state.step)
+        self.metrics.log(metrics_only(served) | progress, self.metrics.state.step)
 
     def serve_eval(self) -> dict:
         """Export for SGLang and vLLM, verify both, and decode the held-out prompts speculatively

@@ -7,11 +7,12 @@ composition; ``__post_init__`` checks the values (``ValueError`` naming the key)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -22,14 +23,14 @@ def _require(ok: bool, key: str, message: str) -> None:
 @dataclass
 class TargetConfig:
     name: str = "smollm2-135m-instruct"
-    path: Optional[str] = None  # local transformers dir or .gguf file; None: the embedded default
+    path: Optional[str] = MISSING  # local transformers dir or .gguf file; null: the embedded default (conf/target/*.yaml set it)
     aux_layer_ids: Optional[list[int]] = None  # output of decoder layer k; None: [1, N//2-1, N-4]
     dtype: str = "auto"  # auto: bfloat16 on GPU, float32 on CPU
 
 
 @dataclass
 class DraftConfig:
-    vocab_size: int = 32000  # capped at the target vocab
+    vocab_size: int = 32000  # at most the target vocab (a larger one is refused)
     ttt_steps: int = 7
     step_decay: float = 0.8
     norm_output: bool = False  # what SGLang feeds back at draft steps > 0 (DESIGN contract 5)
@@ -240,6 +241,26 @@ def register_schema() -> None:
     ConfigStore.instance().store(name="streamdraft_schema", node=Config)
 
 
+def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
+    """Keys of ``node`` (and below) that its schema dataclass does not declare, e.g. an
+    appended ``+trainer.foo=1`` (Hydra's ``+`` opens the struct flag)."""
+    schema = OmegaConf.get_type(node)
+    known = {f.name for f in fields(schema)} if is_dataclass(schema) else None
+    out = []
+    for key in node.keys():
+        full = f"{prefix}{key}"
+        if known is not None and key not in known:
+            out.append(full)
+        elif not OmegaConf.is_missing(node, key) and isinstance(node[key], DictConfig):
+            out += unknown_keys(node[key], f"{full}.")
+    return out
+
+
 def to_config(cfg: DictConfig) -> Config:
     """Resolve a composed Hydra config into typed dataclasses (runs every check)."""
-    return OmegaConf.to_object(cfg)
+    unknown = unknown_keys(cfg)
+    _require(not unknown, unknown[0] if unknown else "", "unknown key (not in the schema, trainer/config.py): remove it or fix its spelling")
+    try:
+        return OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as e:
+        raise ValueError(f"config {e.full_key}: mandatory value missing (??? in conf/); set it, e.g. {e.full_key}=...") from None

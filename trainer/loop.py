@@ -1,15 +1,13 @@
-"""The training loop: fit() -> train epochs -> train_step() -> draft_step(); the policies run after each step.
-
-``trainer.build`` makes what a run trains with; ``trainer.components`` holds the after-step policies.
-"""
+"""The training loop: fit() -> _train() -> _epoch() -> train_step() -> ttt.draft_step(), then at each
+optimizer step the components of trainer.components in order. trainer.build makes what a run trains with."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -21,7 +19,7 @@ from trainer.batch import FeatureBatch
 from trainer.build import build, eval_batches
 from trainer.components import (
     END_EVAL, REPORT, SERVING_EVAL, TRAINING, UNTRAINED_EVAL, Checkpointer, Counters, MetricsLog, NonFinite, StepEnd,
-    StepStats, Stop, StopSignals, TimeCap, Validator, Window, all_agree, metrics_only,
+    StepStats, Stop, StopSignals, TimeCap, Validator, Window, metrics_only,
 )  # fmt: skip
 from trainer.config import Config
 from trainer.dist import Parallel, init_parallel, resolve_device
@@ -30,6 +28,7 @@ from trainer.stream import open_feature_stream
 from trainer.ttt import TTTOutput, draft_step
 
 CHECKPOINTS = "checkpoints"  # the run dir's checkpoint folder
+log = logging.getLogger(__name__)
 
 
 class Trainer:
@@ -41,7 +40,7 @@ class Trainer:
         b = self.built = build(cfg, self.par, self.ckpt_root)
         self.target, self.target_source, self.data, self.loader, self.engine = b.target, b.target_source, b.data, b.loader, b.engine
         self.state = Counters()
-        self.nonfinite = NonFinite(cfg.trainer.on_nan, self.ckpt_root, self.state, self.engine)
+        self.nonfinite = NonFinite(cfg.trainer.on_nan, self.ckpt_root, self.state, self.engine, self.par.device)
         self.metrics = MetricsLog(cfg, b, self.par, self.state)
         self.checkpointer = Checkpointer(cfg, b, self.par, self.ckpt_root, self.state, self.signals)
         self.validator = Validator(cfg, b, self.par, self.run_dir, self.signals, self.metrics)
@@ -50,15 +49,14 @@ class Trainer:
         if b.resume_from:
             self.checkpointer.resume(b.resume_from)
 
+    def close(self) -> None:
+        """Remove DeepSpeed's gradient hooks: autograd holds them and they reference the engine, so
+        without this the trainer (target, draft, optimizer) stays in memory until the process ends."""
+        self.engine.destroy()
+
     def train_step(self, fb: FeatureBatch) -> TTTOutput | None:
         """Forward, backward, and (at an accumulation boundary) DeepSpeed's step; None if the loss was not finite."""
-        return draft_step(self.engine, self.built.labeler, fb, keep=self._finite)
-
-    def _finite(self, out: TTTOutput) -> bool:
-        if all_agree(bool(torch.isfinite(out.loss)), self.par.device):
-            return True
-        self.nonfinite.count("loss")
-        return False
+        return draft_step(self.engine, self.built.labeler, fb, keep=self.nonfinite.finite_loss)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -73,7 +71,7 @@ class Trainer:
         self.engine.train()
         return stats.all_reduce(self.par.device).report("eval")
 
-    def _epoch(self, epoch: int, sink, bar) -> bool:
+    def _epoch(self, epoch: int, bar) -> bool:
         """Train on the rest of ``epoch`` (from the restored position when resuming into it); False when a cap ended the run."""
         state, accumulated, consumed = self.state, 0, self.state.pos.micro if self.state.pos.epoch == epoch else 0
         self.metrics.window = Window()
@@ -93,16 +91,16 @@ class Trainer:
                 self.metrics.record(out, fb, t1 - t0, time.perf_counter() - t1)
                 accumulated += 1
                 if accumulated % self.cfg.deepspeed.grad_accum == 0:
-                    at = StepEnd(epoch, consumed, sink, bar)
+                    at = StepEnd(epoch, consumed, bar)
                     for component in self.components:
                         component.after_step(at)
         return False
 
-    def _train(self, sink) -> None:
+    def _train(self) -> None:
         bar = tqdm(total=self.built.total_steps, initial=self.state.step, disable=not self.par.is_main, desc="train", unit="step")
         try:
             for epoch in range(self.state.pos.epoch, self.cfg.trainer.epochs):
-                if not self._epoch(epoch, sink, bar):
+                if not self._epoch(epoch, bar):
                     break
                 self.state.pos = ckpt.Position(self.state.step, epoch + 1, 0)
                 self.checkpointer.save()
@@ -114,24 +112,22 @@ class Trainer:
 
     def fit(self) -> dict:
         """Evaluate the untrained draft, train, export, evaluate again; returns the summary."""
-        start = time.perf_counter()
-        resumed = self.built.resume_from is not None
-        sink = M.MetricsSink(self.cfg.wandb, self.run_dir, asdict(self.cfg), resume=resumed) if self.par.is_main else None
+        start, resumed = time.perf_counter(), self.built.resume_from is not None
+        self.checkpointer.wandb_id = self.metrics.open(self.cfg, self.run_dir, self.checkpointer.wandb_id, resumed)
         try:
-            return self._fit(sink, start)
-        except BaseException as e:
-            if sink is not None:  # end the wandb run as failed or stopped rather than leave it open
-                sink.run.finish(exit_code=self.signals.exit_code() if isinstance(e, Stop) else 1)
+            return self._fit(start)
+        except BaseException as e:  # end the wandb run as failed or stopped rather than leave it open
+            self.metrics.finish(exit_code=self.signals.exit_code() if isinstance(e, Stop) else 1)
             raise
 
-    def _fit(self, sink, start: float) -> dict:
+    def _fit(self, start: float) -> dict:
         self.signals.enter(UNTRAINED_EVAL)
         untrained = None if self.built.resume_from else self.evaluate()
-        if sink is not None and untrained is not None:
-            sink.log(untrained, step=0)
+        if untrained is not None:
+            self.metrics.log(untrained, 0)
         try:
             self.signals.enter(TRAINING)
-            self._train(sink)
+            self._train()
             self.signals.enter(END_EVAL)
             trained = self.evaluate()
         finally:
@@ -140,9 +136,8 @@ class Trainer:
         served, progress = self.validator.serve_eval(), self.metrics.progress()
         trained |= metrics_only(served)
         summary = self._summary(start, untrained, trained, served, progress)
-        if sink is not None:
-            sink.log(trained | progress, step=self.state.step)
-            sink.finish(summary)
+        self.metrics.log(trained | progress, self.state.step)
+        self.metrics.finish(summary)
         return summary
 
     def _summary(self, start: float, untrained: dict | None, trained: dict, served: dict, progress: dict) -> dict:
@@ -182,13 +177,15 @@ def run(cfg: Config, run_dir: Path) -> dict:
         par = init_parallel(resolve_device(cfg.trainer.device))
         run_dir, is_main = _shared_run_dir(run_dir), par.is_main
         run_dir.mkdir(parents=True, exist_ok=True)
-        summary = Trainer(cfg, run_dir, par, signals).fit()
+        trainer = Trainer(cfg, run_dir, par, signals)
+        summary = trainer.fit()
         signals.enter(REPORT)
+        trainer.close()
         summary |= {"summary_path": str(run_dir / "summary.json"), "report": str(run_dir / REPORT_DIR / REPORT_FILE)}
         if par.is_main:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             write_report(run_dir)
-            print(format_summary(summary))
+            log.info(format_summary(summary))  # the console and the run dir's log (hydra.job_logging)
         return summary
     except Stop:
         if is_main:

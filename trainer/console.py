@@ -1,0 +1,73 @@
+"""What a run prints: quiet by default (libraries' chatter off, a user error in one to three
+lines), everything with ``--verbose`` or ``STREAMDRAFT_VERBOSE=1``.
+
+The run's own log (summary, warnings, a failure with its full traceback) also goes to
+``<run dir>/<job>.log`` through Hydra's job logging (``hydra.job_logging`` in conf/config.yaml).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
+VERBOSE_ENV = "STREAMDRAFT_VERBOSE"
+SHORT_ERRORS_ENV = "STREAMDRAFT_SHORT_ERRORS"  # set by the entry point unless full traces were asked for
+USER_ERRORS = (ValueError, HydraException, OmegaConfBaseException)  # bad config or input: a short message
+TORCH_GLOO_NOTICE = r"`torch\.distributed\.all_gather_into_tensor` is deprecated"  # DeepSpeed's ZeRO calls it each step
+
+
+def verbose() -> bool:
+    """True after ``--verbose`` (``take_verbose_flag``) or with STREAMDRAFT_VERBOSE=1."""
+    return os.environ.get(VERBOSE_ENV, "0") not in ("", "0")
+
+
+def take_verbose_flag(argv: list[str]) -> None:
+    """Remove ``--verbose`` from ``argv`` (Hydra rejects it) and set STREAMDRAFT_VERBOSE=1 for
+    this process and the processes it starts."""
+    if "--verbose" in argv:
+        argv.remove("--verbose")
+        os.environ[VERBOSE_ENV] = "1"
+
+
+def quiet_libraries() -> None:
+    """Unless verbose: wandb prints nothing but errors, and the deprecation notice torch gives
+    every rank of a gloo run is filtered (by its exact text). DeepSpeed's logger and the C
+    compiler probes (logged at INFO on the root logger) stay below the root level of
+    ``hydra.job_logging``."""
+    if verbose():
+        return
+    os.environ.setdefault("WANDB_SILENT", "true")
+    warnings.filterwarnings("ignore", message=TORCH_GLOO_NOTICE, category=FutureWarning)
+
+
+def log_levels() -> None:
+    """In the Hydra job: with verbose, the root logger (libraries, DeepSpeed's compiler probes)
+    at INFO; warnings into the log either way."""
+    logging.captureWarnings(True)
+    if verbose():
+        logging.getLogger().setLevel(logging.INFO)
+
+
+def exit_if_short(e: BaseException) -> None:
+    """A user error when short errors are on: print it in a few lines to stderr and exit 1."""
+    if isinstance(e, USER_ERRORS) and os.environ.get(SHORT_ERRORS_ENV) == "1":
+        print(short_error(e), file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def short_error(e: BaseException) -> str:
+    """A user error in one to three lines: its message (for Hydra's and OmegaConf's errors the
+    first line and the first line of the cause), and where the full trace is."""
+    if isinstance(e, (HydraException, OmegaConfBaseException)):
+        lines = [str(e).splitlines()[0].rstrip(".")]
+        cause = e.__cause__
+        if isinstance(cause, OmegaConfBaseException) and str(cause):
+            lines[0] += f": {str(cause).splitlines()[0]}"
+    else:
+        lines = str(e).splitlines() or [type(e).__name__]
+    return "\n".join(["error: " + lines[0], *lines[1:], "(full trace: add --verbose or set HYDRA_FULL_ERROR=1)"])
