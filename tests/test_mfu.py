@@ -20,9 +20,9 @@ def test_peak_is_the_config_value_else_the_h200_on_cuda_else_none():
 
 def test_trainer_logs_mfu_and_stall_per_step_from_the_benchmark_count(tmp_path):
     trainer = Trainer(tiny_config("trainer.max_steps=3", "trainer.peak_tflops=0.001"), tmp_path)
-    sink = M.MetricsSink(trainer.cfg.wandb, tmp_path, {})
-    trainer._train(sink)
-    sink.run.finish()
+    trainer.metrics.sink = M.MetricsSink(trainer.cfg.wandb, tmp_path, {})
+    trainer._train()
+    trainer.metrics.finish(exit_code=0)
     rows = [json.loads(line) for line in (tmp_path / M.METRICS_FILE).read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     loader = trainer.data.train_loader(train_batcher(trainer.cfg.data, trainer.target.pad_id), 0, 1)
