@@ -1,5 +1,5 @@
-"""The trainer's policies, one component each: the loop calls ``after_step`` on every one, in order,
-at each optimizer-step boundary, and each decides itself (``should_...``) whether to act.
+"""The trainer's policies, one component each: the loop calls ``after_step`` on every one, in this
+order, at each optimizer-step boundary; one that acts only at some steps says when in ``should_...``.
 
   Counters    where the run is (step, data position, training seconds and tokens)
   NonFinite   counts non-finite losses and gradients; stops the run unless trainer.on_nan=skip
@@ -56,7 +56,7 @@ class StepEnd:
 
 @dataclass
 class Counters:
-    """Where the run is; every component reads it, only the loop and ``after_step`` write it."""
+    """Where the run is: the loop writes step, position and training seconds; the components the rest."""
 
     step: int = 0
     pos: ckpt.Position = field(default_factory=lambda: ckpt.Position(0, 0, 0))
