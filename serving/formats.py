@@ -4,7 +4,7 @@ an ``ExportSpec``, parses it back, names the tensors an export holds, writes the
 in its engine's numbering and replays its engine's weight loader (``serving/loaders.py``).
 
 Both formats hold the same tensors under the same names (``fc``, ``midlayer.*``, ``norm``,
-``lm_head``, ``d2t``, ``t2d``; see ``expected_tensor_shapes``). They differ in the config:
+``lm_head``, ``d2t``, ``t2d``; see ``tensor_shapes``). They differ in the config:
 
 * **SGLang** (``sglang/srt/models/llama_eagle3.py`` and ``model_runner.py``, 0.5.14): a
   transformers-style Llama config with ``architectures: [LlamaForCausalLMEagle3]``;
