@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 from torch import Tensor, nn
 
-from models.target import TargetInfo, check_aux_layer_ids, default_aux_layer_ids
-from serving.sglang_preflight import INSTALL_HINT, SGLangIds, check_target, choose_attention_backend, read_target_shape
+from models.aux_ids import AuxLayerIds
+from models.target import TargetInfo
+from serving.sglang_preflight import INSTALL_HINT, check_target, choose_attention_backend, read_target_shape
 from trainer.batch import FeatureBatch, TokenBatch
 
 if TYPE_CHECKING:
@@ -110,10 +111,9 @@ class SGLangTargetEngine:
         """Preflight (from source), then load the target into a ModelRunner with aux capture on."""
         sglang = import_sglang()
         shape = read_target_shape(recipe.path)
-        ids = recipe.aux_layer_ids if recipe.aux_layer_ids is not None else default_aux_layer_ids(shape.num_layers)
-        ids = check_aux_layer_ids(ids, shape.num_layers)
+        ids = AuxLayerIds.resolve(recipe.aux_layer_ids, shape.num_layers)
         source = Path(sglang.__file__).parent
-        checked = check_target(recipe.path, ids, source_dir=source)
+        checked = check_target(recipe.path, ids.ids, source_dir=source)
         backend = choose_attention_backend(recipe.attention_backend, torch.cuda.get_device_capability(device), source_dir=source)
         if recipe.attention_backend is None:  # chosen here, not by the trainer (which prints its choice)
             print(f"engine=sglang on {device}: {backend.describe()}", flush=True)
@@ -125,7 +125,7 @@ class SGLangTargetEngine:
         info = TargetInfo(
             architecture=config.hf_config.architectures[0], model_type=config.hf_text_config.model_type,
             num_layers=config.num_hidden_layers, hidden_size=config.hidden_size, vocab_size=config.vocab_size,
-            aux_layer_ids=tuple(ids), source=recipe.path,
+            aux_layer_ids=ids.ids, source=recipe.path,
         )  # fmt: skip
         return cls(runner, info, recipe, sglang.__version__)
 
@@ -230,17 +230,17 @@ def _model_runner(recipe: "SGLangTarget", attention_backend: str, device: torch.
     return runner
 
 
-def _switch_on_capture(runner, ids: SGLangIds, version: str) -> None:
+def _switch_on_capture(runner, ids: AuxLayerIds, version: str) -> None:
     """SGLang's EAGLE-3 switch with our ids, then the live model must capture what the preflight replayed."""
     model = runner.model
     if not hasattr(model, "set_eagle3_layers_to_capture"):
         raise ValueError(f"SGLang {version}: {type(model).__name__} has no set_eagle3_layers_to_capture: it cannot capture aux states")
-    model.set_eagle3_layers_to_capture(ids.argument)
+    model.set_eagle3_layers_to_capture(ids.sglang_argument)
     captured = [list(m.layers_to_capture) for m in model.modules() if getattr(m, "layers_to_capture", None)]
-    if captured != [ids.layer_inputs]:
+    if captured != [ids.sglang_layer_inputs]:
         raise ValueError(
-            f"SGLang {version}: {type(model).__name__}.set_eagle3_layers_to_capture({ids.argument}) set layers_to_capture "
-            f"{captured}, expected [{ids.layer_inputs}] (the inputs of layers k + 1 = the outputs of layers k we train on)"
+            f"SGLang {version}: {type(model).__name__}.set_eagle3_layers_to_capture({ids.sglang_argument}) set layers_to_capture "
+            f"{captured}, expected [{ids.sglang_layer_inputs}] (the inputs of layers k + 1 = the outputs of layers k we train on)"
         )
 
 

@@ -1,9 +1,7 @@
 """The frozen target model as a feature engine: aux-layer capture with forward hooks.
 
-An aux layer id ``k`` means *the output of decoder layer k* (0-based), which is
-``output_hidden_states[k + 1]`` in transformers and what SGLang captures as the input of
-layer ``k + 1`` (DESIGN.md, contract 1). Because SGLang captures layer *inputs*, the last
-decoder layer's output (``k = N - 1``) can never be an aux layer.
+An aux layer id ``k`` means *the output of decoder layer k* (0-based); ``models/aux_ids.py``
+validates the ids and says how each engine numbers the same tensor.
 
 ``HFTargetEngine.features`` runs only the decoder body (never the lm_head: no
 ``[tokens, vocab]`` tensor is ever built), copies the aux layers' outputs into one
@@ -29,34 +27,8 @@ from torch import Tensor, nn  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel  # noqa: E402
 
 from models.attention import document_causal_mask  # noqa: E402
+from models.aux_ids import AuxLayerIds  # noqa: E402
 from trainer.batch import FeatureBatch, TokenBatch  # noqa: E402
-
-
-def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """SGLang's default EAGLE-3 capture for an N-layer target, as outputs of layers k."""
-    if num_layers < 7:  # below 7 layers the three ids collide
-        raise ValueError(f"default aux ids need at least 7 layers, got {num_layers}: pass aux_layer_ids")
-    return [1, num_layers // 2 - 1, num_layers - 4]
-
-
-def check_aux_layer_ids(ids, num_layers: int) -> list[int]:
-    """Validate aux ids: at least one, strictly increasing ints in [0, N-2]; returns them as a list."""
-    ids = list(ids)
-    if not ids:
-        raise ValueError("aux_layer_ids is empty: EAGLE-3 needs at least one aux layer")
-    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise ValueError(f"aux_layer_ids must be ints, got {ids}")
-    last = num_layers - 2
-    bad = [i for i in ids if not 0 <= i <= last]
-    if bad:
-        raise ValueError(
-            f"aux_layer_ids {ids} out of range for a {num_layers}-layer target: ids are outputs of decoder "
-            f"layer k and must lie in [0, {last}] (the last layer's output is not capturable: SGLang "
-            f"captures the input of layer k + 1)"
-        )
-    if any(a >= b for a, b in zip(ids, ids[1:])):
-        raise ValueError(f"aux_layer_ids must be strictly increasing, got {ids}")
-    return ids
 
 
 @dataclass(frozen=True)
@@ -76,10 +48,9 @@ class TargetInfo:
         """The facts of a target from its text model's transformers config (a multimodal
         config's ``get_text_config()``); ``aux_layer_ids`` None: the default ids."""
         num_layers = text_config.num_hidden_layers
-        ids = default_aux_layer_ids(num_layers) if aux_layer_ids is None else aux_layer_ids
         return cls(
             architecture=architecture, model_type=text_config.model_type, num_layers=num_layers,
-            hidden_size=text_config.hidden_size, vocab_size=vocab_size, aux_layer_ids=tuple(check_aux_layer_ids(ids, num_layers)),
+            hidden_size=text_config.hidden_size, vocab_size=vocab_size, aux_layer_ids=AuxLayerIds.resolve(aux_layer_ids, num_layers).ids,
             source=source,
         )  # fmt: skip
 

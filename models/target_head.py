@@ -33,8 +33,8 @@ from torch import Tensor
 from transformers import CONFIG_MAPPING, AutoConfig, PretrainedConfig
 
 from models.target import HFTargetEngine, TargetInfo, load_tokenizer
+from models.target_config import CONFIG_FILE, read_text_config
 
-CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 EMBED_NAMES = ("model.embed_tokens.weight", "language_model.model.embed_tokens.weight", "model.language_model.embed_tokens.weight")
@@ -43,21 +43,14 @@ TEXT_MODEL_TYPES = {"kimi_k2": "deepseek_v3"}  # text-config model types transfo
 
 
 def read_target_config(path: str | Path) -> tuple[str, PretrainedConfig]:
-    """(``architectures[0]``, the text model's transformers config) of a model dir's config.json;
-    a multimodal config's text model is its ``text_config``."""
-    file = Path(path).expanduser() / CONFIG_FILE
-    if not file.is_file():
-        raise ValueError(f"target path {str(path)!r} has no {CONFIG_FILE}: pass a local model dir")
-    config = json.loads(file.read_text())
-    archs = config.get("architectures") or []
-    text = dict(config if "num_hidden_layers" in config else config.get("text_config", {}))
-    if not archs or "num_hidden_layers" not in text or "hidden_size" not in text:
-        raise ValueError(f"{file}: needs architectures and num_hidden_layers / hidden_size (top level or in text_config)")
+    """(``architectures[0]``, the text model's transformers config) of a model dir's config.json."""
+    architecture, text = read_text_config(path)
     model_type = text.pop("model_type", None)
     model_type = TEXT_MODEL_TYPES.get(model_type, model_type)
     if model_type not in CONFIG_MAPPING:
+        file = Path(path).expanduser() / CONFIG_FILE
         raise ValueError(f"{file}: the language model's model_type {model_type!r} is not a config transformers {transformers.__version__} knows")
-    return archs[0], AutoConfig.for_model(model_type, **text)
+    return architecture, AutoConfig.for_model(model_type, **text)
 
 
 def weight_map(directory: Path) -> dict[str, str]:

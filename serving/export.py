@@ -5,15 +5,15 @@ and the engine facts behind them are described in ``serving/formats.py``. What t
 and reader guarantee, for both engines:
 
 * The engines skip (SGLang) or refuse (vLLM) tensor names they do not know, so the file
-  holds exactly the names of ``expected_tensor_shapes`` (the draft's parameter names:
+  holds exactly the names of its format's ``expected_tensors`` (the draft's parameter names:
   ``fc``, ``midlayer.*`` (both engines rename it to ``layers.0``), ``norm``, ``lm_head``,
   plus ``d2t`` and ``t2d``), and ``load_export`` refuses anything else, by name.
 * ``d2t`` becomes ``hot_token_id = d2t + arange`` (SGLang) or ``draft_id_to_target_id``
   (vLLM) with no check; the map is validated here, on write and on read.
 * The embedding is shared from the target only when ``target_hidden_size == hidden_size``;
   otherwise the export carries it as ``embed_tokens.weight``.
-* Aux layer ids passed in are StreamDraft's (output of layer k, the ids the draft was
-  trained on); each format writes them in its engine's semantics.
+* The ``ExportSpec`` carries StreamDraft's aux layer ids (output of layer k, the ids the draft
+  was trained on); each format writes them in its engine's semantics.
 * ``norm_output`` picks what is fed back at draft steps after the first (``serving/formats.py``
   says when the key is written).
 * The directory and its files get the modes the umask gives any new file (0755 / 0644 under the
@@ -38,15 +38,14 @@ from models.draft import DraftShape, Eagle3Draft
 from models.vocab_map import VocabMap
 from serving.formats import (
     CONFIG_FILE,
-    DEFAULT_SPECULATIVE_TOKENS,
+    FORMATS,
     WEIGHTS_FILE,
-    carries_d2t,
+    ExportFormat,
+    ExportSpec,
     embedding_is_shared,
-    expected_tensor_shapes,
+    format_named,
     parse_export_config,
     read_config_file,
-    sglang_config,
-    vllm_config,
 )
 
 _FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}  # safetensors dtype names
@@ -56,61 +55,23 @@ _ALLOWED_DTYPES = {"d2t": {"I64"}, "t2d": {"BOOL"}}
 # --------------------------------------------------------------------------- writing
 
 
-def export_sglang(
-    out_dir: str | os.PathLike,
-    draft: Eagle3Draft,
-    vocab: VocabMap,
-    aux_layer_ids: list[int],
-    norm_output: bool,
-    dtype: torch.dtype = torch.bfloat16,
-    target_architecture: str | None = None,
-    target_num_layers: int | None = None,
-    num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
-) -> Path:
-    """Write ``out_dir/{config.json, model.safetensors}`` for SGLang; returns ``out_dir``.
+def export_draft(out_dir: str | os.PathLike, engine: str, draft: Eagle3Draft, vocab: VocabMap, spec: ExportSpec) -> Path:
+    """Write ``out_dir/{config.json, model.safetensors}`` in ``engine``'s format; returns ``out_dir``.
 
-    ``aux_layer_ids`` are the ids the draft was trained on (output of layer k, which is
-    SGLang's semantics too: written unchanged). ``target_num_layers``, when given, bounds
-    them. The directory is built next to ``out_dir`` and renamed into place; an existing
-    ``out_dir`` must be empty or an earlier StreamDraft export, and is replaced whole.
+    ``spec.aux_layer_ids`` are the ids the draft was trained on; the format writes them in its
+    engine's numbering. The directory is built next to ``out_dir`` and renamed into place; an
+    existing ``out_dir`` must be empty or an earlier StreamDraft export, and is replaced whole.
     """
-    config = sglang_config(
-        draft.shape, aux_layer_ids, norm_output, dtype, target_architecture, target_num_layers, num_speculative_tokens
-    )
-    return _write(out_dir, "sglang", config, draft, vocab, dtype)
+    fmt = format_named(engine)
+    return _write(out_dir, fmt, fmt.write_config(draft.shape, spec), draft, vocab, spec.dtype)
 
 
-def export_vllm(
-    out_dir: str | os.PathLike,
-    draft: Eagle3Draft,
-    vocab: VocabMap,
-    aux_layer_ids: list[int],
-    norm_output: bool,
-    dtype: torch.dtype = torch.bfloat16,
-    target_architecture: str | None = None,
-    target_num_layers: int | None = None,
-    num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
-    target_path: str | None = None,
-) -> Path:
-    """Write the vLLM (speculators) export; ``aux_layer_ids`` are ours, written as ours + 1."""
-    config = vllm_config(
-        draft.shape, aux_layer_ids, norm_output, dtype, target_architecture, target_num_layers,
-        num_speculative_tokens, target_path,
-    )  # fmt: skip
-    return _write(out_dir, "vllm", config, draft, vocab, dtype)
+def export_both(root: str | os.PathLike, draft: Eagle3Draft, vocab: VocabMap, spec: ExportSpec) -> dict[str, Path]:
+    """``root/<engine>`` for every format of ``FORMATS``, from the same draft."""
+    return {engine: export_draft(Path(root) / engine, engine, draft, vocab, spec) for engine in FORMATS}
 
 
-def export_both(root: str | os.PathLike, draft: Eagle3Draft, vocab: VocabMap, **kwargs) -> dict[str, Path]:
-    """``root/sglang`` and ``root/vllm`` from the same draft; kwargs as ``export_vllm``."""
-    root = Path(root)
-    sglang_kwargs = {k: v for k, v in kwargs.items() if k != "target_path"}
-    return {
-        "sglang": export_sglang(root / "sglang", draft, vocab, **sglang_kwargs),
-        "vllm": export_vllm(root / "vllm", draft, vocab, **kwargs),
-    }
-
-
-def _tensors(engine: str, draft: Eagle3Draft, vocab: VocabMap, dtype: torch.dtype) -> dict[str, Tensor]:
+def _tensors(fmt: ExportFormat, draft: Eagle3Draft, vocab: VocabMap, dtype: torch.dtype) -> dict[str, Tensor]:
     shape = draft.shape
     vocab.validate("exported vocab map")
     if (vocab.draft_vocab_size, vocab.target_vocab_size) != (shape.draft_vocab_size, shape.vocab_size):
@@ -122,17 +83,17 @@ def _tensors(engine: str, draft: Eagle3Draft, vocab: VocabMap, dtype: torch.dtyp
     if not embedding_is_shared(shape):
         state["embed_tokens.weight"] = draft.embed_tokens.weight
     tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items()}
-    if carries_d2t(shape, engine):
+    if fmt.carries_d2t(shape):
         tensors["d2t"] = vocab.d2t.detach().cpu().contiguous()
     tensors["t2d"] = vocab.t2d.detach().cpu().contiguous()
-    problems = _compare(tensors.keys(), {k: tuple(v.shape) for k, v in tensors.items()}, expected_tensor_shapes(shape, engine))
+    problems = _compare(tensors.keys(), {k: tuple(v.shape) for k, v in tensors.items()}, fmt.expected_tensors(shape))
     if problems:
-        raise ValueError(f"draft state does not match the {engine} export tensor names: {'; '.join(problems)}")
+        raise ValueError(f"draft state does not match the {fmt.name} export tensor names: {'; '.join(problems)}")
     return tensors
 
 
-def _write(out_dir, engine: str, config: dict, draft: Eagle3Draft, vocab: VocabMap, dtype: torch.dtype) -> Path:
-    tensors = _tensors(engine, draft, vocab, dtype)
+def _write(out_dir, fmt: ExportFormat, config: dict, draft: Eagle3Draft, vocab: VocabMap, dtype: torch.dtype) -> Path:
+    tensors = _tensors(fmt, draft, vocab, dtype)
     out = Path(out_dir)
     _check_overwritable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -190,7 +151,7 @@ def load_export(
     config = read_config_file(config_path)
     parsed = parse_export_config(config, str(config_path))
     shape = parsed.shape
-    tensors = _read_tensors(weights_path, expected_tensor_shapes(shape, parsed.engine), config_path.name)
+    tensors = _read_tensors(weights_path, FORMATS[parsed.engine].expected_tensors(shape), config_path.name)
     d2t = tensors.pop("d2t", None)
     if d2t is None:  # vLLM export of a full-vocab draft: the identity map
         d2t = torch.zeros(shape.draft_vocab_size, dtype=torch.int64)

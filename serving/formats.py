@@ -1,8 +1,10 @@
-"""The two export formats, as config dicts: SGLang's ``LlamaForCausalLMEagle3`` and vLLM's
-speculators ``eagle3`` (DESIGN contracts 1, 2, 3, 5). Building them, and reading them back.
+"""The export formats, one class each, in the registry ``FORMATS``: SGLang's
+``LlamaForCausalLMEagle3`` and vLLM's speculators ``eagle3``. A format writes its config from
+an ``ExportSpec``, parses it back, names the tensors an export holds, writes the aux layer ids
+in its engine's numbering and replays its engine's weight loader (``serving/loaders.py``).
 
 Both formats hold the same tensors under the same names (``fc``, ``midlayer.*``, ``norm``,
-``lm_head``, ``d2t``, ``t2d``; see ``expected_tensor_shapes``). They differ in the config:
+``lm_head``, ``d2t``, ``t2d``; see ``tensor_shapes``). They differ in the config:
 
 * **SGLang** (``sglang/srt/models/llama_eagle3.py`` and ``model_runner.py``, 0.5.14): a
   transformers-style Llama config with ``architectures: [LlamaForCausalLMEagle3]``;
@@ -26,42 +28,70 @@ Both formats hold the same tensors under the same names (``fc``, ``midlayer.*``,
   so ``d2t`` is omitted when they are equal (vLLM would refuse the unknown tensor).
   SGLang cannot load this config (unknown architecture), which is the point: the ids are
   in vLLM's semantics.
+
+``serving/export.py`` and ``serving/verify.py`` take a format from
+``FORMATS`` (by engine name) or ``format_of`` (by config) and never branch on the name.
 """
 
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from models.aux_ids import AuxLayerIds
 from models.draft import DraftShape
+from serving.loaders import Replay, replay_sglang, replay_vllm
 
-SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
-VLLM_ARCHITECTURE = "Eagle3Speculator"
-ENGINES = ("sglang", "vllm")
 FORMAT_VERSION = 2
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-AUX_ID_SEMANTICS = {
-    "sglang": (
-        "id k = output of decoder layer k (0-based) = transformers output_hidden_states[k + 1]; "
-        "SGLang reads eagle_aux_hidden_state_layer_ids the same way (it captures the input of layer k + 1)"
-    ),
-    "vllm": (
-        "id k = input of decoder layer k (0-based) = output of layer k - 1 = transformers "
-        "output_hidden_states[k]: vLLM's semantics, StreamDraft's training ids + 1"
-    ),
-}
 DEFAULT_SPECULATIVE_TOKENS = 5
+
+
+@dataclass(frozen=True)
+class ExportSpec:
+    """What an export says besides the draft's weights and shape, in StreamDraft's semantics."""
+
+    aux_layer_ids: AuxLayerIds  # the ids the draft was trained on; num_layers = the target's, when known
+    norm_output: bool
+    dtype: torch.dtype = torch.bfloat16
+    target_architecture: str | None = None
+    num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
+    target_path: str | None = None  # vLLM's verifier name_or_path
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.norm_output, bool):
+            raise ValueError(f"norm_output must be a bool, got {self.norm_output!r}")
+        if not isinstance(self.dtype, torch.dtype) or not self.dtype.is_floating_point:
+            raise ValueError(f"export dtype must be a floating torch dtype, got {self.dtype!r}")
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"num_speculative_tokens must be a positive int, got {k!r}")
+
+    @classmethod
+    def of(
+        cls, aux_layer_ids, norm_output: bool, dtype: torch.dtype = torch.bfloat16, target_architecture: str | None = None,
+        target_num_layers: int | None = None, num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
+        target_path: str | None = None,
+    ) -> "ExportSpec":  # fmt: skip
+        """A spec from plain values; ``target_num_layers``, when given, bounds the aux ids."""
+        ids = AuxLayerIds.of(aux_layer_ids, target_num_layers)
+        return cls(ids, norm_output, dtype, target_architecture, num_speculative_tokens, target_path)
+
+    @property
+    def target_num_layers(self) -> int | None:
+        return self.aux_layer_ids.num_layers
 
 
 @dataclass(frozen=True)
 class ExportConfig:
     """An export's config, normalised: what every consumer needs, in StreamDraft's semantics."""
 
-    engine: str  # "sglang" | "vllm"
+    engine: str  # a key of FORMATS
     shape: DraftShape
     aux_layer_ids: list[int]  # output of decoder layer k (StreamDraft / training semantics)
     engine_aux_layer_ids: list[int]  # as written for the engine
@@ -77,13 +107,8 @@ def embedding_is_shared(shape: DraftShape) -> bool:
     return shape.hidden_size == shape.target_hidden_size
 
 
-def carries_d2t(shape: DraftShape, engine: str) -> bool:
-    """vLLM has no ``draft_id_to_target_id`` parameter when the vocabularies are equal."""
-    return engine == "sglang" or shape.draft_vocab_size != shape.vocab_size
-
-
-def expected_tensor_shapes(shape: DraftShape, engine: str = "sglang") -> dict[str, tuple[int, ...]]:
-    """Every tensor of an export for ``engine``, by name, with its shape."""
+def tensor_shapes(shape: DraftShape) -> dict[str, tuple[int, ...]]:
+    """Every tensor an export may hold, by name, with its shape (``d2t`` whatever the format)."""
     h, i = shape.hidden_size, shape.intermediate_size
     q, kv = shape.num_attention_heads * shape.head_dim, shape.num_key_value_heads * shape.head_dim
     shapes = {
@@ -103,8 +128,6 @@ def expected_tensor_shapes(shape: DraftShape, engine: str = "sglang") -> dict[st
         "d2t": (shape.draft_vocab_size,),
         "t2d": (shape.vocab_size,),
     }
-    if not carries_d2t(shape, engine):
-        del shapes["d2t"]
     if not embedding_is_shared(shape):
         shapes["embed_tokens.weight"] = (shape.vocab_size, h)
     return shapes
@@ -130,34 +153,7 @@ def check_fc_reachable(shape: DraftShape) -> None:
         )
 
 
-def check_aux_ids(ids, num_aux: int, target_num_layers: int | None) -> list[int]:
-    """Our ids (output of layer k): ``num_aux`` of them, increasing, at most ``N - 2``."""
-    if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise ValueError(f"aux layer ids must be a list of ints, got {ids!r}")
-    ids = list(ids)
-    if len(ids) != num_aux:
-        raise ValueError(f"{len(ids)} aux layer ids {ids} for a draft whose fc reads {num_aux} aux states")
-    if ids[0] < 0 or any(b <= a for a, b in zip(ids, ids[1:])):
-        raise ValueError(
-            f"aux layer ids {ids} must be non-negative and strictly increasing (SGLang concatenates the "
-            "captured layers in layer order)"
-        )
-    if target_num_layers is not None and ids[-1] > target_num_layers - 2:
-        raise ValueError(
-            f"aux layer id {ids[-1]} is out of range for a {target_num_layers}-layer target: SGLang captures "
-            f"the output of layer k at the input of layer k + 1, so ids must be <= {target_num_layers - 2}"
-        )
-    return ids
-
-
-def _check_args(norm_output, dtype) -> None:
-    if not isinstance(norm_output, bool):
-        raise ValueError(f"norm_output must be a bool, got {norm_output!r}")
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"export dtype must be a floating torch dtype, got {dtype!r}")
-
-
-# --------------------------------------------------------------------------- building
+# --------------------------------------------------------------------------- shared config parts
 
 
 def layer_config(shape: DraftShape, dtype: torch.dtype) -> dict:
@@ -183,94 +179,6 @@ def layer_config(shape: DraftShape, dtype: torch.dtype) -> dict:
     }
 
 
-def _provenance(engine: str, shape: DraftShape, ids: list[int], target_architecture, target_num_layers, k) -> dict:
-    return {
-        "format_version": FORMAT_VERSION,
-        "engine": engine,
-        "trained_aux_layer_ids": ids,
-        "target_architecture": target_architecture,
-        "target_num_layers": target_num_layers,
-        "num_speculative_tokens": k,
-        "aux_layer_id_semantics": AUX_ID_SEMANTICS[engine],
-        "embedding": "shared from the target" if embedding_is_shared(shape) else "carried (hidden_size != target_hidden_size)",
-    }
-
-
-NORM_OUTPUT_NOTE = (
-    "the draft feeds back its pre-norm output (norm_output false), so the norm_output key is left out: SGLang "
-    "reads a missing key as false, and SpecForge 0.2.0 reads an explicit false as 'no final norm before lm_head'"
-)
-
-
-def sglang_config(
-    shape: DraftShape,
-    aux_layer_ids: list[int],
-    norm_output: bool,
-    dtype: torch.dtype,
-    target_architecture: str | None = None,
-    target_num_layers: int | None = None,
-    num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
-) -> dict:
-    """SGLang's ``config.json``; ``aux_layer_ids`` are ours (output of layer k), written unchanged."""
-    check_heads(shape)
-    check_fc_reachable(shape)
-    ids = check_aux_ids(aux_layer_ids, shape.num_aux, target_num_layers)
-    _check_args(norm_output, dtype)
-    return {
-        "architectures": [SGLANG_ARCHITECTURE],
-        **layer_config(shape, dtype),
-        "draft_vocab_size": shape.draft_vocab_size,
-        "target_hidden_size": shape.target_hidden_size,
-        **({"norm_output": True} if norm_output else {}),
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
-        "streamdraft": _provenance("sglang", shape, ids, target_architecture, target_num_layers, num_speculative_tokens)
-        | ({} if norm_output else {"norm_output_key": NORM_OUTPUT_NOTE}),
-    }
-
-
-def vllm_config(
-    shape: DraftShape,
-    aux_layer_ids: list[int],
-    norm_output: bool,
-    dtype: torch.dtype,
-    target_architecture: str | None = None,
-    target_num_layers: int | None = None,
-    num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
-    target_path: str | None = None,
-) -> dict:
-    """vLLM's speculators ``config.json``; ids written as ours + 1 (input of layer k + 1)."""
-    check_heads(shape)
-    ids = check_aux_ids(aux_layer_ids, shape.num_aux, target_num_layers)
-    _check_args(norm_output, dtype)
-    if not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
-        raise ValueError(f"num_speculative_tokens must be a positive int, got {num_speculative_tokens!r}")
-    layer = {**layer_config(shape, dtype), "num_aux_hidden_states": shape.num_aux}
-    return {
-        "architectures": [VLLM_ARCHITECTURE],
-        "speculators_model_type": "eagle3",
-        "transformer_layer_config": layer,
-        "draft_vocab_size": shape.draft_vocab_size,
-        "target_hidden_size": shape.target_hidden_size,
-        "norm_before_residual": False,
-        "norm_before_fc": False,
-        "fc_norm": False,
-        "norm_output": norm_output,
-        "eagle_aux_hidden_state_layer_ids": [k + 1 for k in ids],
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [
-                {"proposal_type": "greedy", "speculative_tokens": num_speculative_tokens, "accept_tolerance": 0.0, "verifier_accept_k": 1}
-            ],
-            "verifier": {"name_or_path": target_path, "architectures": [target_architecture] if target_architecture else []},
-        },
-        "streamdraft": _provenance("vllm", shape, ids, target_architecture, target_num_layers, num_speculative_tokens),
-    }
-
-
-# --------------------------------------------------------------------------- reading
-
-
 def read_config_file(path: Path) -> dict:
     if not path.is_file():
         raise ValueError(f"{path}: export has no config file")
@@ -281,11 +189,6 @@ def read_config_file(path: Path) -> dict:
     if not isinstance(config, dict):
         raise ValueError(f"{path}: config must be a JSON object")
     return config
-
-
-def engine_of(config: dict) -> str:
-    """"vllm" for a speculators config, else "sglang"."""
-    return "vllm" if "speculators_config" in config else "sglang"
 
 
 def _require(config: dict, need: set[str], where: str) -> None:
@@ -339,23 +242,171 @@ def _provenance_of(config: dict) -> dict:
     return provenance if isinstance(provenance, dict) else {}
 
 
+# --------------------------------------------------------------------------- the formats
+
+
+class ExportFormat(ABC):
+    """One engine's export format."""
+
+    name: str  # the engine's name, the key in FORMATS
+    architecture: str  # the config's architectures[0]
+    aux_id_semantics: str  # what an id in this format's config means (written into the provenance)
+    unknown_tensor: str  # what the engine's loader does with a tensor name it has no parameter for
+
+    @abstractmethod
+    def owns(self, config: dict) -> bool:
+        """Whether ``config`` is in this format."""
+
+    @abstractmethod
+    def engine_aux_ids(self, ids: AuxLayerIds) -> list[int]:
+        """``ids`` (ours) in this engine's numbering, as the config carries them."""
+
+    @abstractmethod
+    def write_config(self, shape: DraftShape, spec: ExportSpec) -> dict:
+        """The ``config.json`` of an export of a ``shape`` draft; ValueError when the engine could not serve it."""
+
+    @abstractmethod
+    def parse(self, config: dict, where: str) -> ExportConfig:
+        """Normalise a config in this format; ValueError naming ``where`` on any problem."""
+
+    def carries_d2t(self, shape: DraftShape) -> bool:
+        return True
+
+    def expected_tensors(self, shape: DraftShape) -> dict[str, tuple[int, ...]]:
+        """Every tensor of an export in this format, by name, with its shape."""
+        shapes = tensor_shapes(shape)
+        if not self.carries_d2t(shape):
+            del shapes["d2t"]
+        return shapes
+
+    @abstractmethod
+    def replay(self, config: dict, tensors: dict[str, tuple[int, ...]], target_vocab: int | None) -> Replay:
+        """The engine's weight loader replayed over the checkpoint's names and shapes."""
+
+    @abstractmethod
+    def layer_range(self, engine_ids: list[int], num_layers: int) -> tuple[list[int], str]:
+        """(the engine ids out of range for a ``num_layers`` target, the rule they break)."""
+
+    @abstractmethod
+    def no_capture(self, shape: DraftShape, version: str, architecture: str) -> str:
+        """What goes wrong when the engine's class for ``architecture`` captures no aux states."""
+
+    def unknown_architecture(self, version: str) -> str:
+        return f"{self.name} {version} has no model class for this architecture"
+
+    def checks_fc_width(self) -> bool:
+        """Whether the engine skips ``fc`` when the incoming width equals the embedding width."""
+        return False
+
+    def _provenance(self, shape: DraftShape, spec: ExportSpec) -> dict:
+        return {
+            "format_version": FORMAT_VERSION,
+            "engine": self.name,
+            "trained_aux_layer_ids": list(spec.aux_layer_ids.ids),
+            "target_architecture": spec.target_architecture,
+            "target_num_layers": spec.target_num_layers,
+            "num_speculative_tokens": spec.num_speculative_tokens,
+            "aux_layer_id_semantics": self.aux_id_semantics,
+            "embedding": "shared from the target" if embedding_is_shared(shape) else "carried (hidden_size != target_hidden_size)",
+        }
+
+    def _ids(self, shape: DraftShape, spec: ExportSpec) -> AuxLayerIds:
+        check_heads(shape)
+        if self.checks_fc_width():
+            check_fc_reachable(shape)
+        return spec.aux_layer_ids.check_count(shape.num_aux)
+
+    def _normalised(self, shape: DraftShape, ours: AuxLayerIds, written: list[int], config: dict, k) -> ExportConfig:
+        return ExportConfig(
+            engine=self.name,
+            shape=shape,
+            aux_layer_ids=list(ours.ids),
+            engine_aux_layer_ids=written,
+            norm_output=bool(config.get("norm_output", False)),
+            target_architecture=_provenance_of(config).get("target_architecture"),
+            target_num_layers=ours.num_layers,
+            num_speculative_tokens=k,
+            raw=config,
+        )
+
+
+NORM_OUTPUT_NOTE = (
+    "the draft feeds back its pre-norm output (norm_output false), so the norm_output key is left out: SGLang "
+    "reads a missing key as false, and SpecForge 0.2.0 reads an explicit false as 'no final norm before lm_head'"
+)
 SGLANG_FIELDS = {"draft_vocab_size", "target_hidden_size", "eagle_config"}  # norm_output: missing means false
 
 
-def _read_sglang(config: dict, where: str) -> ExportConfig:
-    _require(config, {"architectures", "model_type", *LAYER_FIELDS, *SGLANG_FIELDS}, where)
-    _fail_first([
-        (config["architectures"] == [SGLANG_ARCHITECTURE], f"architectures must be [{SGLANG_ARCHITECTURE!r}]"),
-        *_layer_checks(config),
-        (not config.get("fc_norm") and not config.get("use_aux_norm"), "fc_norm / use_aux_norm are not supported"),
-        (isinstance(config.get("norm_output", False), bool), "norm_output must be true or false"),
-    ], where)  # fmt: skip
-    eagle = config["eagle_config"]
-    ids = eagle.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle, dict) else None
-    if not ids or eagle.get("use_aux_hidden_state") is not True:
-        raise ValueError(f"{where}: eagle_config needs eagle_aux_hidden_state_layer_ids and use_aux_hidden_state: true")
-    shape = _shape(config, config, len(ids))
-    return _normalised("sglang", shape, ids, list(ids), config, where)
+class SGLangFormat(ExportFormat):
+    name = "sglang"
+    architecture = "LlamaForCausalLMEagle3"
+    aux_id_semantics = (
+        "id k = output of decoder layer k (0-based) = transformers output_hidden_states[k + 1]; "
+        "SGLang reads eagle_aux_hidden_state_layer_ids the same way (it captures the input of layer k + 1)"
+    )
+    unknown_tensor = "skips it silently (the trained weights never load)"
+
+    def owns(self, config: dict) -> bool:
+        return "speculators_config" not in config
+
+    def engine_aux_ids(self, ids: AuxLayerIds) -> list[int]:
+        return ids.sglang_argument
+
+    def checks_fc_width(self) -> bool:
+        return True
+
+    def write_config(self, shape: DraftShape, spec: ExportSpec) -> dict:
+        ids = self._ids(shape, spec)
+        return {
+            "architectures": [self.architecture],
+            **layer_config(shape, spec.dtype),
+            "draft_vocab_size": shape.draft_vocab_size,
+            "target_hidden_size": shape.target_hidden_size,
+            **({"norm_output": True} if spec.norm_output else {}),
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": self.engine_aux_ids(ids), "use_aux_hidden_state": True},
+            "streamdraft": self._provenance(shape, spec) | ({} if spec.norm_output else {"norm_output_key": NORM_OUTPUT_NOTE}),
+        }
+
+    def parse(self, config: dict, where: str) -> ExportConfig:
+        _require(config, {"architectures", "model_type", *LAYER_FIELDS, *SGLANG_FIELDS}, where)
+        _fail_first([
+            (config["architectures"] == [self.architecture], f"architectures must be [{self.architecture!r}]"),
+            *_layer_checks(config),
+            (not config.get("fc_norm") and not config.get("use_aux_norm"), "fc_norm / use_aux_norm are not supported"),
+            (isinstance(config.get("norm_output", False), bool), "norm_output must be true or false"),
+        ], where)  # fmt: skip
+        eagle = config["eagle_config"]
+        ids = eagle.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle, dict) else None
+        if not ids or eagle.get("use_aux_hidden_state") is not True:
+            raise ValueError(f"{where}: eagle_config needs eagle_aux_hidden_state_layer_ids and use_aux_hidden_state: true")
+        shape = _shape(config, config, len(ids))
+        provenance = _provenance_of(config)
+        try:
+            check_heads(shape)
+            check_fc_reachable(shape)
+            ours = AuxLayerIds.of(ids, provenance.get("target_num_layers"), shape.num_aux)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from e
+        return self._normalised(shape, ours, list(ids), config, provenance.get("num_speculative_tokens"))
+
+    def replay(self, config: dict, tensors: dict[str, tuple[int, ...]], target_vocab: int | None) -> Replay:
+        return replay_sglang(config, tensors)
+
+    def layer_range(self, engine_ids: list[int], num_layers: int) -> tuple[list[int], str]:
+        # layers_to_capture = id + 1 among layer inputs 0..N-1
+        bad = [i for i in engine_ids if not 0 <= i <= num_layers - 2]
+        return bad, f"SGLang captures the input of layer id + 1: ids must lie in [0, {num_layers - 2}]"
+
+    def unknown_architecture(self, version: str) -> str:
+        return super().unknown_architecture(version) + ": it falls back to TransformersForCausalLM, which has no aux capture"
+
+    def no_capture(self, shape: DraftShape, version: str, architecture: str) -> str:
+        wired = (
+            "the draft would get the final hidden state, SGLang would skip fc (incoming width == embedding width) and accept ~1.0"
+            if shape.target_hidden_size == shape.hidden_size
+            else "the draft would get the final hidden state and fail on the fc width"
+        )
+        return f"sglang {version}: {architecture} does not implement set_eagle3_layers_to_capture: no aux hidden-state capture; {wired}"
 
 
 VLLM_FIELDS = {"speculators_model_type", "transformer_layer_config", "draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids"}
@@ -365,58 +416,111 @@ NORM_BEFORE_RESIDUAL = (
 NUM_AUX = "transformer_layer_config.num_aux_hidden_states must equal the number of aux layer ids (vLLM sizes fc by it, default 3)"
 
 
-def _read_vllm(config: dict, where: str) -> ExportConfig:
-    _require(config, VLLM_FIELDS, where)
-    layer = config["transformer_layer_config"]
-    if not isinstance(layer, dict):
-        raise ValueError(f"{where}: transformer_layer_config must be an object")
-    _require(layer, LAYER_FIELDS, f"{where} (transformer_layer_config)")
-    ids = config["eagle_aux_hidden_state_layer_ids"]
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise ValueError(f"{where}: eagle_aux_hidden_state_layer_ids must be a non-empty list of ints, got {ids!r}")
-    _fail_first([
-        (config["speculators_model_type"] == "eagle3", "speculators_model_type must be 'eagle3'"),
-        (layer.get("model_type", "llama") == "llama", "transformer_layer_config.model_type must be 'llama'"),
-        *_layer_checks(layer),
-        (config.get("norm_before_residual", True) is False, NORM_BEFORE_RESIDUAL),
-        (not config.get("norm_before_fc") and not config.get("fc_norm"), "norm_before_fc / fc_norm are not supported"),
-        (isinstance(config.get("norm_output", False), bool), "norm_output must be true or false"),
-        (layer.get("num_aux_hidden_states", 3) == len(ids), NUM_AUX),
-    ], where)  # fmt: skip
-    shape = _shape(layer, config, len(ids))
-    return _normalised("vllm", shape, [k - 1 for k in ids], list(ids), config, where)
-
-
-def _normalised(engine: str, shape: DraftShape, ours: list[int], written: list[int], config: dict, where: str) -> ExportConfig:
-    provenance = _provenance_of(config)
-    target_num_layers = provenance.get("target_num_layers")
-    try:
-        check_heads(shape)
-        if engine == "sglang":
-            check_fc_reachable(shape)
-        check_aux_ids(ours, shape.num_aux, target_num_layers)
-    except ValueError as e:
-        raise ValueError(f"{where}: {e}") from e
-    k = provenance.get("num_speculative_tokens")
-    if engine == "vllm":
-        methods = config.get("speculators_config", {}).get("proposal_methods") or [{}]
-        k = methods[0].get("speculative_tokens", k)
-    return ExportConfig(
-        engine=engine,
-        shape=shape,
-        aux_layer_ids=ours,
-        engine_aux_layer_ids=written,
-        norm_output=bool(config.get("norm_output", False)),
-        target_architecture=provenance.get("target_architecture"),
-        target_num_layers=target_num_layers,
-        num_speculative_tokens=k,
-        raw=config,
+class VLLMFormat(ExportFormat):
+    name = "vllm"
+    architecture = "Eagle3Speculator"
+    aux_id_semantics = (
+        "id k = input of decoder layer k (0-based) = output of layer k - 1 = transformers "
+        "output_hidden_states[k]: vLLM's semantics, StreamDraft's training ids + 1"
     )
+    unknown_tensor = "refuses it (load_weights raises)"
+
+    def owns(self, config: dict) -> bool:
+        return "speculators_config" in config
+
+    def engine_aux_ids(self, ids: AuxLayerIds) -> list[int]:
+        return ids.vllm
+
+    def carries_d2t(self, shape: DraftShape) -> bool:
+        """vLLM has no ``draft_id_to_target_id`` parameter when the vocabularies are equal."""
+        return shape.draft_vocab_size != shape.vocab_size
+
+    def write_config(self, shape: DraftShape, spec: ExportSpec) -> dict:
+        ids = self._ids(shape, spec)
+        layer = {**layer_config(shape, spec.dtype), "num_aux_hidden_states": shape.num_aux}
+        k, arch = spec.num_speculative_tokens, spec.target_architecture
+        return {
+            "architectures": [self.architecture],
+            "speculators_model_type": "eagle3",
+            "transformer_layer_config": layer,
+            "draft_vocab_size": shape.draft_vocab_size,
+            "target_hidden_size": shape.target_hidden_size,
+            "norm_before_residual": False,
+            "norm_before_fc": False,
+            "fc_norm": False,
+            "norm_output": spec.norm_output,
+            "eagle_aux_hidden_state_layer_ids": self.engine_aux_ids(ids),
+            "speculators_config": {
+                "algorithm": "eagle3",
+                "default_proposal_method": "greedy",
+                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": k, "accept_tolerance": 0.0, "verifier_accept_k": 1}],
+                "verifier": {"name_or_path": spec.target_path, "architectures": [arch] if arch else []},
+            },
+            "streamdraft": self._provenance(shape, spec),
+        }
+
+    def parse(self, config: dict, where: str) -> ExportConfig:
+        _require(config, VLLM_FIELDS, where)
+        layer = config["transformer_layer_config"]
+        if not isinstance(layer, dict):
+            raise ValueError(f"{where}: transformer_layer_config must be an object")
+        _require(layer, LAYER_FIELDS, f"{where} (transformer_layer_config)")
+        ids = config["eagle_aux_hidden_state_layer_ids"]
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise ValueError(f"{where}: eagle_aux_hidden_state_layer_ids must be a non-empty list of ints, got {ids!r}")
+        _fail_first([
+            (config["speculators_model_type"] == "eagle3", "speculators_model_type must be 'eagle3'"),
+            (layer.get("model_type", "llama") == "llama", "transformer_layer_config.model_type must be 'llama'"),
+            *_layer_checks(layer),
+            (config.get("norm_before_residual", True) is False, NORM_BEFORE_RESIDUAL),
+            (not config.get("norm_before_fc") and not config.get("fc_norm"), "norm_before_fc / fc_norm are not supported"),
+            (isinstance(config.get("norm_output", False), bool), "norm_output must be true or false"),
+            (layer.get("num_aux_hidden_states", 3) == len(ids), NUM_AUX),
+        ], where)  # fmt: skip
+        shape = _shape(layer, config, len(ids))
+        provenance = _provenance_of(config)
+        try:
+            check_heads(shape)
+            ours = AuxLayerIds.from_vllm(ids, provenance.get("target_num_layers"), shape.num_aux)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from e
+        methods = config.get("speculators_config", {}).get("proposal_methods") or [{}]
+        k = methods[0].get("speculative_tokens", provenance.get("num_speculative_tokens"))
+        return self._normalised(shape, ours, list(ids), config, k)
+
+    def replay(self, config: dict, tensors: dict[str, tuple[int, ...]], target_vocab: int | None) -> Replay:
+        return replay_vllm(config, tensors, target_vocab)
+
+    def layer_range(self, engine_ids: list[int], num_layers: int) -> tuple[list[int], str]:
+        # EagleModelMixin captures after layer id - 1, and id 0 = the embeddings
+        bad = [i for i in engine_ids if not 1 <= i <= num_layers]
+        return bad, f"vLLM captures the input of layer id: ids must lie in [1, {num_layers}]"
+
+    def no_capture(self, shape: DraftShape, version: str, architecture: str) -> str:
+        return (
+            f"vllm {version}: {architecture} does not implement SupportsEagle3: no aux hidden-state capture; "
+            "vLLM refuses to start EAGLE-3 with it"
+        )
+
+
+FORMATS: dict[str, ExportFormat] = {f.name: f for f in (SGLangFormat(), VLLMFormat())}
+
+
+def format_named(engine: str) -> ExportFormat:
+    """The format of ``engine``; ValueError naming the known ones for any other name."""
+    if engine not in FORMATS:
+        raise ValueError(f"unknown export engine {engine!r}: known engines are {', '.join(FORMATS)}")
+    return FORMATS[engine]
+
+
+def format_of(config: dict) -> ExportFormat:
+    """The format a config dict is in."""
+    return next(f for f in FORMATS.values() if f.owns(config))
 
 
 def parse_export_config(config: dict, where: str) -> ExportConfig:
-    """Normalise a config dict of either format; ValueError naming ``where`` on any problem."""
-    return _read_vllm(config, where) if engine_of(config) == "vllm" else _read_sglang(config, where)
+    """Normalise a config dict of any format; ValueError naming ``where`` on any problem."""
+    return format_of(config).parse(config, where)
 
 
 def read_export_config(export_dir: str | Path) -> ExportConfig:

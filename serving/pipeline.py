@@ -15,9 +15,9 @@ from models.target import TargetInfo
 from models.vocab_map import VocabMap
 from serving.eval import evaluate_export
 from serving.export import export_both
-from serving.formats import DEFAULT_SPECULATIVE_TOKENS
+from serving.formats import DEFAULT_SPECULATIVE_TOKENS, ExportSpec
 from serving.prompts import PromptSpec
-from serving.verify import format_report, verify_export
+from serving.verify import format_report, verify_exports
 
 
 def export_verify_eval(
@@ -49,12 +49,12 @@ def export_verify_eval(
     ``eval/cond_accept_rate_{i}`` when decoded; ``eval/verify_problems``) plus ``export_dirs``,
     ``verify`` (the printed reports) and ``eval_wall_s`` (0 when not decoded).
     """
-    dirs = export_both(
-        out_dir, draft, vocab, aux_layer_ids=list(info.aux_layer_ids), norm_output=norm_output, dtype=dtype,
-        target_architecture=info.architecture, target_num_layers=info.num_layers, num_speculative_tokens=k,
-        target_path=str(target_dir) if target_dir is not None else None,
+    spec = ExportSpec.of(
+        info.aux_layer_ids, norm_output, dtype, info.architecture, info.num_layers, k,
+        str(target_dir) if target_dir is not None else None,
     )  # fmt: skip
-    reports = {engine: verify_export(path, engine, target_dir) for engine, path in dirs.items()}
+    dirs = export_both(out_dir, draft, vocab, spec)
+    reports = verify_exports(dirs, target_dir)
     problems = sum(len(r.problems) for r in reports.values())
     if problems and strict:
         raise ValueError("exported draft fails verification:\n" + "\n".join(format_report(r) for r in reports.values()))

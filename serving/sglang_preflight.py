@@ -23,7 +23,7 @@ Beside it, ``choose_attention_backend`` picks (or checks) the attention backend 
 install carries: SGLang's own Hopper default, fa3, dies at the first prefill where FlashAttention-3
 was left out.
 
-The ids we pass are ours unchanged (``sglang_layer_ids``) and the SGLang export writes the same
+The ids we pass are ours unchanged (``AuxLayerIds.sglang_argument``) and the SGLang export writes the same
 list as ``eagle_aux_hidden_state_layer_ids`` (serving/formats.py), which SGLang's serving hands to
 the same method: one replay covers training and serving. With SGLang importable the engine checks
 the same things again on the live model (``models.sglang_target``).
@@ -43,7 +43,6 @@ import builtins
 import copy
 import functools
 import importlib.util
-import json
 import logging
 import os
 from collections import defaultdict
@@ -52,6 +51,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable, Sequence
 
+from models.aux_ids import AuxLayerIds
+from models.target_config import read_text_config
 from serving.aux_support import (
     SGLANG_METHOD,
     SGLANG_PACKAGE,
@@ -69,23 +70,6 @@ SOURCE_ENV = "STREAMDRAFT_SGLANG_SRC"
 INSTALL_HINT = "pip install 'streamdraft[sglang]'"
 CAPTURE_MARKERS = ("layers_to_capture", "_is_layer_to_capture")  # what a decoder body's forward tests per layer
 _LAST_RANK = SimpleNamespace(is_last_rank=True, is_first_rank=True)
-
-
-@dataclass(frozen=True)
-class SGLangIds:
-    argument: list[int]  # to set_eagle3_layers_to_capture; the export's eagle_aux_hidden_state_layer_ids
-    layer_inputs: list[int]  # the layers whose input SGLang then captures (its layers_to_capture)
-
-
-def sglang_layer_ids(aux_layer_ids: Sequence[int]) -> SGLangIds:
-    """Our aux ids (output of decoder layer k) in SGLang's terms, the one place they are translated.
-
-    SGLang reads an explicit id as the output of layer k and captures the input of layer k + 1
-    (llama.py:821-824), the same tensor: so the argument is k unchanged. Whether a given class
-    really does so is what ``preflight`` replays.
-    """
-    ids = [int(k) for k in aux_layer_ids]
-    return SGLangIds(argument=ids, layer_inputs=[k + 1 for k in ids])
 
 
 # --------------------------------------------------------------------------- the source
@@ -302,12 +286,12 @@ class Preflight:
     capture_method: str  # the set_eagle3_layers_to_capture it runs
     captured_by: str  # the decoder-body forward that reads the layers_to_capture it sets
     logits_forward: str  # the forward that hands the aux states to the logits processor
-    ids: SGLangIds
+    ids: AuxLayerIds
 
     def describe(self) -> str:
         return (
             f"SGLang {self.version}: {self.architecture} = {self.model_class}; {self.capture_method} with "
-            f"{self.ids.argument} captures the inputs of layers {self.ids.layer_inputs} in {self.captured_by}; "
+            f"{self.ids.sglang_argument} captures the inputs of layers {self.ids.sglang_layer_inputs} in {self.captured_by}; "
             f"{self.logits_forward} returns them"
         )
 
@@ -334,12 +318,12 @@ def preflight(
             f"hidden states for it: the draft would be handed {widths}, fc would be skipped and acceptance would "
             "collapse to ~1.0 (DESIGN contract 2)"
         )  # fmt: skip
-    ids = sglang_layer_ids(aux_layer_ids)
-    captured = replay_capture(source, key, num_layers, ids.argument)
+    ids = AuxLayerIds.of(aux_layer_ids, num_layers)
+    captured = replay_capture(source, key, num_layers, ids.sglang_argument)
     if len(captured) != 1:
         raise fail(f"{source.where(*found)} set layers_to_capture on {len(captured)} models ({captured}), expected 1")
     body, got = captured[0]
-    if got != ids.layer_inputs:
+    if got != ids.sglang_layer_inputs:
         raise fail(_mismatch(source.where(*found), ids, got))
     body_forward = next((f for f in forwards(source, body) if _mentions(f[1], CAPTURE_MARKERS)), None) if body else None
     if body_forward is None:
@@ -352,16 +336,16 @@ def preflight(
     )
 
 
-def _mismatch(method: str, ids: SGLangIds, got: list[int]) -> str:
+def _mismatch(method: str, ids: AuxLayerIds, got: list[int]) -> str:
     why = ""
-    if got == ids.argument:
+    if got == ids.sglang_deepseek_layer_inputs:
         why = (
             " It took the ids as layer inputs: this class adds 1 to explicit ids only when the first id is 1; "
             "use aux ids that start with 1 (the default [1, N//2-1, N-4] does)."
         )
     return (
-        f"with our aux ids {ids.argument} (outputs of layers k) {method} captures the inputs of layers {got}, but "
-        f"training needs the inputs of layers {ids.layer_inputs}. The SGLang export hands the same ids to the same "
+        f"with our aux ids {ids.sglang_argument} (outputs of layers k) {method} captures the inputs of layers {got}, but "
+        f"training needs the inputs of layers {ids.sglang_layer_inputs}. The SGLang export hands the same ids to the same "
         f"method when serving, so the draft would be served other layers than it was trained on (DESIGN contract 1).{why}"
     )
 
@@ -379,15 +363,8 @@ class TargetShape:
 def read_target_shape(path: str | Path) -> TargetShape:
     """``architectures[0]``, layers and hidden size from a model dir's ``config.json`` (a multimodal
     config's sizes are in its ``text_config``, as SGLang reads them)."""
-    file = Path(path).expanduser() / "config.json"
-    if not file.is_file():
-        raise ValueError(f"target path {str(path)!r} has no config.json: engine=sglang needs a local model dir")
-    config = json.loads(file.read_text())
-    archs = config.get("architectures") or []
-    text = config if "num_hidden_layers" in config else config.get("text_config", {})
-    if not archs or "num_hidden_layers" not in text or "hidden_size" not in text:
-        raise ValueError(f"{file}: needs architectures and num_hidden_layers / hidden_size (top level or in text_config)")
-    return TargetShape(archs[0], int(text["num_hidden_layers"]), int(text["hidden_size"]))
+    architecture, text = read_text_config(path)
+    return TargetShape(architecture, int(text["num_hidden_layers"]), int(text["hidden_size"]))
 
 
 def attention_backends(source: SGLangSource) -> list[str]:
@@ -495,10 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attention-backend", help="engine.sglang.attention_backend to check (default: choose one)")
     parser.add_argument("--sglang-src", help=f"sglang package dir (default: ${SOURCE_ENV}, else the installed package)")
     args = parser.parse_args(argv)
-    from models.target import default_aux_layer_ids
-
-    ids = args.aux_layer_ids or default_aux_layer_ids(read_target_shape(args.target).num_layers)
-    print(check_target(args.target, ids, source_dir=args.sglang_src).describe())
+    ids = AuxLayerIds.resolve(args.aux_layer_ids, read_target_shape(args.target).num_layers)
+    print(check_target(args.target, ids.ids, source_dir=args.sglang_src).describe())
     print(choose_attention_backend(args.attention_backend, source_dir=args.sglang_src).describe())
     return 0
 

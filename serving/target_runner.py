@@ -22,6 +22,8 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
+from models.aux_ids import AuxLayerIds
+
 FEATURES = ("aux", "final")
 
 
@@ -34,11 +36,9 @@ class TargetRunner:
     def __init__(self, model: PreTrainedModel, aux_layer_ids: list[int] | tuple[int, ...], feature: str = "aux"):
         if feature not in FEATURES:
             raise ValueError(f"feature must be one of {FEATURES}, got {feature!r}")
-        num_layers = model.config.num_hidden_layers
-        if not all(0 <= k <= num_layers - 2 for k in aux_layer_ids):
-            raise ValueError(f"aux layer ids {list(aux_layer_ids)} out of range for a {num_layers}-layer target")
         self.model = model.eval()
-        self.aux_layer_ids = tuple(aux_layer_ids)
+        self.aux = AuxLayerIds.of(aux_layer_ids, model.config.num_hidden_layers)
+        self.aux_layer_ids = self.aux.ids
         self.feature = feature
         self._cache_key = _cache_kwarg(model)
         self.cache = DynamicCache()
@@ -62,7 +62,7 @@ class TargetRunner:
         out = self.model(input_ids=tokens[None], use_cache=True, output_hidden_states=True, **{self._cache_key: self.cache})
         hidden = out.hidden_states  # num_layers + 1 tensors [1, T, H]; the last one is final-normed
         if self.feature == "aux":
-            features = torch.cat([hidden[k + 1] for k in self.aux_layer_ids], dim=-1)  # [1, T, A*H]
+            features = torch.cat([hidden[i] for i in self.aux.hidden_states_index], dim=-1)  # [1, T, A*H]
         else:
             features = hidden[-1]  # [1, T, H]
         return out.logits[0].argmax(-1), features[0]

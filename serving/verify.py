@@ -1,5 +1,6 @@
-"""``python -m serving.verify DIR --engine sglang|vllm [--target PATH]``: will this export work
-when that engine serves it?
+"""``python -m serving.verify DIR [--engine sglang|vllm] [--target PATH]``: will this export work
+when that engine serves it? Without ``--engine``, DIR is an ``export_both`` root and every format
+of ``serving.formats.FORMATS`` is verified in ``DIR/<engine>``.
 
 The checks, each a row of the problem table (exit code 1 when there is any):
 
@@ -12,7 +13,8 @@ The checks, each a row of the problem table (exit code 1 when there is any):
   (``serving/aux_capture_table.py``), its widths and vocab match the draft, and the draft's
   ``fc`` will actually run (SGLang skips it when the incoming width equals the embedding's).
 
-Without ``--target`` the target facts come from the export's ``streamdraft`` provenance.
+Without ``--target`` the target facts come from the export's ``streamdraft`` provenance; with it,
+from the target's ``config.json`` (its ``text_config`` for a multimodal target).
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
+from models.target_config import read_text_config
 from models.vocab_map import VocabMap
 from serving.aux_support import aux_capture_support
-from serving.formats import CONFIG_FILE, ENGINES, WEIGHTS_FILE, ExportConfig, engine_of, parse_export_config, read_config_file
-from serving.loaders import Replay, replay_sglang, replay_vllm
+from serving.formats import FORMATS, CONFIG_FILE, WEIGHTS_FILE, ExportConfig, format_named, format_of, read_config_file
+from serving.loaders import Replay
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ class Report:
 
 
 def _weights(report: Report, replay: Replay) -> None:
-    verb = "skips it silently (the trained weights never load)" if replay.engine == "sglang" else "refuses it (load_weights raises)"
+    verb = FORMATS[replay.engine].unknown_tensor
     for name in replay.dropped + replay.refused:
         report.add("weights", name, f"no {replay.engine} parameter takes this tensor: {replay.engine} {verb}")
     for ckpt, param, got, want in replay.shape_errors:
@@ -95,10 +98,7 @@ def _vocab(report: Report, tensors: dict, parsed: ExportConfig | None) -> None:
 
 def _layer_range(report: Report, parsed: ExportConfig, n: int) -> None:
     ids = parsed.engine_aux_layer_ids
-    if parsed.engine == "sglang":  # layers_to_capture = id + 1 among layer inputs 0..N-1
-        bad, rule = [i for i in ids if not 0 <= i <= n - 2], f"SGLang captures the input of layer id + 1: ids must lie in [0, {n - 2}]"
-    else:  # EagleModelMixin captures after layer id - 1, and id 0 = the embeddings
-        bad, rule = [i for i in ids if not 1 <= i <= n], f"vLLM captures the input of layer id: ids must lie in [1, {n}]"
+    bad, rule = FORMATS[parsed.engine].layer_range(ids, n)
     if bad:
         report.add("layers", "eagle_aux_hidden_state_layer_ids", f"{ids} out of range for a {n}-layer target: {bad} ({rule})")
     if parsed.target_num_layers is not None and parsed.target_num_layers != n:
@@ -106,38 +106,23 @@ def _layer_range(report: Report, parsed: ExportConfig, n: int) -> None:
 
 
 def _target(report: Report, parsed: ExportConfig, t: TargetFacts) -> None:
-    s = parsed.shape
+    s, fmt = parsed.shape, FORMATS[parsed.engine]
     if t.architecture is None:
         report.add("target", "architecture", f"unknown target architecture ({t.source}): pass --target DIR to check aux capture")
     else:
         support = aux_capture_support(parsed.engine, t.architecture)
         if not support.known:
-            fallback = ": it falls back to TransformersForCausalLM, which has no aux capture" if parsed.engine == "sglang" else ""
-            report.add("target", t.architecture, f"{parsed.engine} {support.version} has no model class for this architecture{fallback}")
+            report.add("target", t.architecture, fmt.unknown_architecture(support.version))
         elif not support.supported:
-            report.add("target", t.architecture, _no_capture_message(parsed, support.version, t))
+            report.add("target", t.architecture, fmt.no_capture(s, support.version, t.architecture))
     if t.num_layers is not None:
         _layer_range(report, parsed, t.num_layers)
     if t.hidden_size is not None and t.hidden_size != s.target_hidden_size:
         report.add("target", "target_hidden_size", f"the draft reads {s.target_hidden_size}-wide target states, the target's hidden is {t.hidden_size}")
     if t.vocab_size is not None and t.vocab_size != s.vocab_size:
         report.add("target", "vocab_size", f"the draft's vocab_size {s.vocab_size} != the target's {t.vocab_size} (d2t would index the wrong tokens)")
-    if parsed.engine == "sglang" and s.num_aux * s.target_hidden_size == s.hidden_size:
+    if fmt.checks_fc_width() and s.num_aux * s.target_hidden_size == s.hidden_size:
         report.add("target", "fc.weight", "num_aux * target_hidden_size == hidden_size: SGLang would skip fc silently")
-
-
-def _no_capture_message(parsed: ExportConfig, version: str, t: TargetFacts) -> str:
-    if parsed.engine == "sglang":
-        how = "does not implement set_eagle3_layers_to_capture"
-        width = parsed.shape.target_hidden_size
-        wired = (
-            "the draft would get the final hidden state, SGLang would skip fc (incoming width == embedding width) and accept ~1.0"
-            if width == parsed.shape.hidden_size
-            else "the draft would get the final hidden state and fail on the fc width"
-        )
-    else:
-        how, wired = "does not implement SupportsEagle3", "vLLM refuses to start EAGLE-3 with it"
-    return f"{parsed.engine} {version}: {t.architecture} {how}: no aux hidden-state capture; {wired}"
 
 
 # --------------------------------------------------------------------------- inputs
@@ -148,10 +133,9 @@ def target_facts(target: Path | None, parsed: ExportConfig | None) -> TargetFact
     if target is not None:
         if not target.is_dir():
             raise ValueError(f"--target {target}: pass the target's transformers dir (its config.json is read)")
-        config = read_config_file(target / CONFIG_FILE)
-        archs = config.get("architectures") or [None]
-        sizes = (config.get("num_hidden_layers"), config.get("hidden_size"), config.get("vocab_size"))
-        return TargetFacts(archs[0], *sizes, f"--target {target}")
+        architecture, text = read_text_config(target)
+        sizes = (text["num_hidden_layers"], text["hidden_size"], text.get("vocab_size"))
+        return TargetFacts(architecture, *sizes, f"--target {target}")
     if parsed is None:
         return TargetFacts(None, None, None, None, "export provenance")
     return TargetFacts(parsed.target_architecture, parsed.target_num_layers, None, None, "export provenance")
@@ -173,7 +157,7 @@ def _read_weights(path: Path, report: Report) -> tuple[dict[str, tuple[int, ...]
 
 def _replay(engine: str, config: dict, shapes: dict, target_vocab: int | None, report: Report) -> None:
     try:
-        replay = replay_sglang(config, shapes) if engine == "sglang" else replay_vllm(config, shapes, target_vocab)
+        replay = FORMATS[engine].replay(config, shapes, target_vocab)
     except (KeyError, TypeError) as e:
         report.add("format", CONFIG_FILE, f"the {engine} loader cannot size its parameters from this config (field {e})")
         return
@@ -182,8 +166,7 @@ def _replay(engine: str, config: dict, shapes: dict, target_vocab: int | None, r
 
 def verify_export(export_dir: str | Path, engine: str, target: str | Path | None = None) -> Report:
     """Every check above for ``export_dir`` served by ``engine``; never raises on a bad export."""
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    fmt = format_named(engine)
     export_dir = Path(export_dir)
     report = Report(export_dir, engine)
     try:
@@ -191,13 +174,13 @@ def verify_export(export_dir: str | Path, engine: str, target: str | Path | None
     except ValueError as e:
         report.add("format", CONFIG_FILE, str(e))
         return report
-    if engine_of(config) != engine:
-        other = engine_of(config)
+    if format_of(config) is not fmt:
+        other = format_of(config).name
         report.add("format", CONFIG_FILE, f"this is a {other} export, not a {engine} one (its aux layer ids are in {other}'s semantics)")
         return report
     parsed = None
     try:
-        parsed = parse_export_config(config, CONFIG_FILE)
+        parsed = fmt.parse(config, CONFIG_FILE)
     except ValueError as e:
         report.add("format", CONFIG_FILE, str(e))
     facts = target_facts(Path(target) if target is not None else None, parsed)
@@ -208,6 +191,14 @@ def verify_export(export_dir: str | Path, engine: str, target: str | Path | None
     if parsed is not None:
         _target(report, parsed, facts)
     return report
+
+
+def verify_exports(dirs: dict[str, Path], target: str | Path | None = None) -> dict[str, Report]:
+    """``verify_export`` of every format of ``FORMATS``, ``dirs`` giving each one's export dir."""
+    missing = sorted(set(FORMATS) - set(dirs))
+    if missing:
+        raise ValueError(f"no export dir given for engine(s) {missing}")
+    return {engine: verify_export(dirs[engine], engine, target) for engine in FORMATS}
 
 
 # --------------------------------------------------------------------------- output
@@ -226,17 +217,20 @@ def format_report(report: Report) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m serving.verify", description=__doc__.split("\n\n")[0])
-    parser.add_argument("export_dir", type=Path)
-    parser.add_argument("--engine", choices=ENGINES, required=True)
+    parser.add_argument("export_dir", type=Path, help="an export dir (with --engine), else an export_both root")
+    parser.add_argument("--engine", choices=list(FORMATS), default=None, help="verify DIR for this engine only")
     parser.add_argument("--target", type=Path, default=None, help="target model dir (its config.json) to check against")
     args = parser.parse_args(argv)
     try:
-        report = verify_export(args.export_dir, args.engine, args.target)
+        if args.engine is not None:
+            reports = [verify_export(args.export_dir, args.engine, args.target)]
+        else:
+            reports = list(verify_exports({engine: args.export_dir / engine for engine in FORMATS}, args.target).values())
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(format_report(report))
-    return 0 if report.ok else 1
+    print("\n".join(format_report(r) for r in reports))
+    return 0 if all(r.ok for r in reports) else 1
 
 
 if __name__ == "__main__":

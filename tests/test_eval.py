@@ -18,7 +18,7 @@ from models.vocab_map import build_vocab_map, count_tokens
 from serving.draft_runner import DraftRunner
 from serving.eval import evaluate_export, main as eval_main, stop_token_ids
 from serving.export import export_both, load_export
-from serving.formats import read_export_config
+from serving.formats import ExportSpec, read_export_config
 from serving.pipeline import export_verify_eval
 from serving.prompts import PromptSpec, ask, parse_prompt, read_prompt_file, render
 from serving.spec_decode import speculative_generate
@@ -93,11 +93,11 @@ def fitted_draft(target, references):
 def fitted(target, fitted_draft, tmp_path_factory):
     engine, _, path = target
     draft, vocab = fitted_draft
-    return export_both(
-        tmp_path_factory.mktemp("fitted"), draft, vocab, aux_layer_ids=list(engine.info.aux_layer_ids), norm_output=False,
-        target_architecture=engine.info.architecture, target_num_layers=engine.info.num_layers, num_speculative_tokens=K,
-        target_path=str(path),
+    spec = ExportSpec.of(
+        engine.info.aux_layer_ids, norm_output=False, target_architecture=engine.info.architecture,
+        target_num_layers=engine.info.num_layers, num_speculative_tokens=K, target_path=str(path),
     )  # fmt: skip
+    return export_both(tmp_path_factory.mktemp("fitted"), draft, vocab, spec)
 
 
 def _runners(engine, export_dir, feature="aux"):

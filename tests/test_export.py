@@ -11,8 +11,8 @@ from safetensors.torch import load_file, save_file
 
 from models.draft import DraftShape, Eagle3Draft
 from models.vocab_map import build_vocab_map
-from serving.export import export_sglang, load_export
-from serving.formats import read_export_config
+from serving.export import export_draft, load_export
+from serving.formats import FORMATS, ExportSpec, format_of, read_export_config
 
 # hidden 64 != target hidden 48: SGLang keeps the draft's own embedding, so it is exported.
 CARRIED = DraftShape(
@@ -83,7 +83,7 @@ def _run(draft: Eagle3Draft, steps: int = 3, seed: int = 1) -> list[torch.Tensor
 def _export(tmp_path, shape=CARRIED, name="export", **kw):
     draft, vocab = _draft(shape), _vocab(shape)
     args = {"aux_layer_ids": AUX_IDS, "norm_output": False, "dtype": torch.float32, "target_architecture": "LlamaForCausalLM"}
-    out = export_sglang(tmp_path / name, draft, vocab, **{**args, **kw})
+    out = export_draft(tmp_path / name, "sglang", draft, vocab, ExportSpec.of(**{**args, **kw}))
     return out, draft, vocab
 
 
@@ -276,7 +276,7 @@ def test_overwrite_replaces_an_earlier_export(tmp_path):
     out, _, _ = _export(tmp_path)
     (out / "stale.txt").write_text("left over")
     draft2, vocab2 = _draft(CARRIED, seed=5), _vocab(CARRIED, seed=5)
-    export_sglang(out, draft2, vocab2, AUX_IDS, norm_output=True, dtype=torch.float32)
+    export_draft(out, "sglang", draft2, vocab2, ExportSpec.of(AUX_IDS, norm_output=True, dtype=torch.float32))
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     assert [p.name for p in tmp_path.iterdir()] == ["export"]  # no temp or old dir left
     back, back_vocab, config = load_export(out)
@@ -289,11 +289,11 @@ def test_refuses_to_overwrite_a_foreign_directory(tmp_path):
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match="not a StreamDraft export"):
-        export_sglang(foreign, _draft(CARRIED), _vocab(CARRIED), AUX_IDS, norm_output=False)
+        export_draft(foreign, "sglang", _draft(CARRIED), _vocab(CARRIED), ExportSpec.of(AUX_IDS, norm_output=False))
     assert (foreign / "notes.txt").read_text() == "mine"
     empty = tmp_path / "empty"
     empty.mkdir()
-    export_sglang(empty, _draft(CARRIED), _vocab(CARRIED), AUX_IDS, norm_output=False)
+    export_draft(empty, "sglang", _draft(CARRIED), _vocab(CARRIED), ExportSpec.of(AUX_IDS, norm_output=False))
     assert (empty / "config.json").is_file()
 
 
@@ -325,7 +325,7 @@ def test_export_refuses_a_vocab_map_of_other_sizes(tmp_path):
     draft = _draft(CARRIED)
     vocab = build_vocab_map(torch.arange(300), 50)
     with pytest.raises(ValueError, match="does not fit the draft"):
-        export_sglang(tmp_path / "x", draft, vocab, AUX_IDS, norm_output=False)
+        export_draft(tmp_path / "x", "sglang", draft, vocab, ExportSpec.of(AUX_IDS, norm_output=False))
 
 
 def test_export_is_readable_by_other_users(tmp_path):
@@ -338,3 +338,21 @@ def test_export_is_readable_by_other_users(tmp_path):
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
     assert modes == {"config.json": 0o644, "model.safetensors": 0o644}
     assert stat.S_IMODE(out.stat().st_mode) == 0o755
+
+
+@pytest.mark.parametrize("engine", list(FORMATS))
+def test_every_format_parses_the_config_it_writes(engine):
+    fmt = FORMATS[engine]
+    spec = ExportSpec.of(AUX_IDS, norm_output=False, target_num_layers=16, num_speculative_tokens=3)
+    config = fmt.write_config(CARRIED, spec)
+    parsed = format_of(config).parse(config, "config.json")
+    assert format_of(config) is fmt and parsed.engine == engine and parsed.shape == CARRIED
+    assert parsed.aux_layer_ids == AUX_IDS and parsed.engine_aux_layer_ids == fmt.engine_aux_ids(spec.aux_layer_ids)
+    assert (parsed.num_speculative_tokens, parsed.target_num_layers) == (3, 16)
+
+
+def test_export_refuses_an_unknown_engine_and_a_bad_speculative_count(tmp_path):
+    with pytest.raises(ValueError, match="unknown export engine 'tgi': known engines are sglang, vllm"):
+        export_draft(tmp_path / "x", "tgi", _draft(CARRIED), _vocab(CARRIED), ExportSpec.of(AUX_IDS, norm_output=False))
+    with pytest.raises(ValueError, match="num_speculative_tokens must be a positive int, got 0"):
+        ExportSpec.of(AUX_IDS, norm_output=False, num_speculative_tokens=0)

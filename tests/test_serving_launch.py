@@ -215,10 +215,11 @@ def test_percentile():
 
 def test_launch_refuses_an_export_for_the_other_engine_before_printing(tmp_path, capsys):
     from serving.export import export_both
+    from serving.formats import ExportSpec
     from serving.launch import main as launch_main
     from tests.test_export import AUX_IDS, CARRIED, _draft, _vocab
 
-    dirs = export_both(tmp_path / "export", _draft(CARRIED), _vocab(CARRIED), aux_layer_ids=AUX_IDS, norm_output=False)
+    dirs = export_both(tmp_path / "export", _draft(CARRIED), _vocab(CARRIED), ExportSpec.of(AUX_IDS, norm_output=False))
     assert launch_main(["--engine", "vllm", "--target", "/models/t", "--draft", str(dirs["sglang"])]) == 2
     out, err = capsys.readouterr()
     assert out == "" and f"{dirs['sglang']} was exported for sglang, not vllm" in err and f"use {dirs['vllm']}" in err

@@ -17,12 +17,13 @@ import torch
 
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig
 
+from models.aux_ids import AuxLayerIds
 from models.draft import DraftShape
 from models.embedded import embedded_target_dir, plain_config
 from models.sglang_target import check_aux_width, documents, import_sglang, rank_span, to_rows
-from models.target import TargetInfo, default_aux_layer_ids
+from models.target import TargetInfo
 from serving.aux_support import dotted_name
-from serving.formats import sglang_config
+from serving.formats import FORMATS, ExportSpec
 from serving.sglang_preflight import (
     SOURCE_ENV,
     SGLangSource,
@@ -32,7 +33,6 @@ from serving.sglang_preflight import (
     find_sglang_source,
     preflight,
     read_target_shape,
-    sglang_layer_ids,
 )
 from serving.sglang_preflight import main as preflight_main
 from tests.sglang_tiny import is_layer, layer_errors, tiny_deepseek_v3_config
@@ -45,7 +45,7 @@ from trainer.stream import TargetSource
 from trainer.target_factory import PathTarget, SGLangTarget
 
 KIMI = "KimiK25ForConditionalGeneration"
-KIMI_IDS = [1, 29, 57]  # default_aux_layer_ids(61), conf/target/kimi_k25.yaml
+KIMI_IDS = [1, 29, 57]  # list(AuxLayerIds.default(61).ids), conf/target/kimi_k25.yaml
 
 # --------------------------------------------------------------------------- small SGLang-like source trees
 
@@ -192,9 +192,9 @@ def target_dir(root: Path, architecture: str, num_layers: int, hidden: int = 64,
 
 
 def test_our_ids_go_to_sglang_unchanged_and_it_captures_the_next_layers_input():
-    ids = sglang_layer_ids([1, 14, 26])
-    assert ids.argument == [1, 14, 26]  # output of layer k, as SGLang reads explicit ids
-    assert ids.layer_inputs == [2, 15, 27]  # SGLang captures the input of layer k + 1: the same tensor
+    ids = AuxLayerIds.of([1, 14, 26])
+    assert ids.sglang_argument == [1, 14, 26]  # output of layer k, as SGLang reads explicit ids
+    assert ids.sglang_layer_inputs == [2, 15, 27]  # SGLang captures the input of layer k + 1: the same tensor
 
 
 def test_the_export_writes_the_argument_the_engine_passes():
@@ -202,8 +202,8 @@ def test_the_export_writes_the_argument_the_engine_passes():
         hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16, target_hidden_size=64,
         num_aux=3, vocab_size=300, draft_vocab_size=100, rms_norm_eps=1e-5, rope_theta=1e4, max_position_embeddings=512,
     )  # fmt: skip
-    config = sglang_config(shape, [1, 14, 26], norm_output=False, dtype=torch.bfloat16, target_num_layers=30)
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == sglang_layer_ids([1, 14, 26]).argument
+    config = FORMATS["sglang"].write_config(shape, ExportSpec.of([1, 14, 26], norm_output=False, target_num_layers=30))
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == AuxLayerIds.of([1, 14, 26]).sglang_argument
 
 
 # --------------------------------------------------------------------------- preflight on small source trees
@@ -212,7 +212,7 @@ def test_the_export_writes_the_argument_the_engine_passes():
 def test_a_llama_style_class_passes_at_any_ids(fake):
     for ids in ([1, 3, 4], [2, 3, 5], [0, 3, 6]):
         checked = preflight(fake, "LlamaForCausalLM", 8, ids)
-        assert checked.ids.layer_inputs == [k + 1 for k in ids]
+        assert checked.ids.sglang_layer_inputs == [k + 1 for k in ids]
         assert "llama.LlamaModel" in checked.captured_by and "llama.LlamaForCausalLM" in checked.logits_forward
 
 
@@ -226,7 +226,7 @@ def test_a_class_without_capture_is_the_field_failure(fake):
 
 def test_a_wrapper_delegates_to_its_language_model(fake):
     checked = preflight(fake, "WrapperForConditionalGeneration", 61, KIMI_IDS)
-    assert checked.ids.layer_inputs == [2, 30, 58]
+    assert checked.ids.sglang_layer_inputs == [2, 30, 58]
     assert "deepseek.DeepseekModel" in checked.captured_by and "deepseek.DeepseekForCausalLM" in checked.logits_forward
 
 
@@ -314,8 +314,8 @@ def test_the_source_is_found_by_env_var_or_not_at_all(tmp_path, fake, monkeypatc
 
 
 def test_real_kimi_k25_captures_at_the_default_ids(real):
-    checked = preflight(real, KIMI, 61, default_aux_layer_ids(61), hidden_size=7168)
-    assert checked.ids.argument == KIMI_IDS and checked.ids.layer_inputs == [2, 30, 58]
+    checked = preflight(real, KIMI, 61, list(AuxLayerIds.default(61).ids), hidden_size=7168)
+    assert checked.ids.sglang_argument == KIMI_IDS and checked.ids.sglang_layer_inputs == [2, 30, 58]
     assert checked.model_class == "kimi_k25.KimiK25ForConditionalGeneration"
     assert "deepseek_v2.DeepseekV2Model" in checked.captured_by  # Kimi-K2.5's language model is DeepSeek-V3
     assert "deepseek_v2.DeepseekV2ForCausalLM" in checked.logits_forward
@@ -328,7 +328,7 @@ def test_real_kimi_k25_rejects_ids_its_deepseek_rule_would_shift(real):
 
 @pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen3ForCausalLM", "DeepseekV3ForCausalLM", "Qwen3VLForConditionalGeneration"])
 def test_real_targets_that_capture_pass(real, architecture):
-    assert preflight(real, architecture, 32, [1, 15, 28]).ids.layer_inputs == [2, 16, 29]
+    assert preflight(real, architecture, 32, [1, 15, 28]).ids.sglang_layer_inputs == [2, 16, 29]
 
 
 @pytest.mark.parametrize("architecture", ["TorchNativeLlamaForCausalLM", "KimiVLForConditionalGeneration", "Gemma2ForCausalLM"])
@@ -395,7 +395,7 @@ def test_engine_sglang_maps_to_one_recipe_per_local_rank():
 
 def test_the_kimi_preset_composes_with_engine_sglang():
     cfg = tiny_config("target=kimi_k25", "target.path=/models/kimi", "engine=sglang", "engine.sglang.tp_size=8")
-    assert cfg.target.aux_layer_ids == KIMI_IDS == default_aux_layer_ids(61)  # what the real-source test checks
+    assert cfg.target.aux_layer_ids == KIMI_IDS == list(AuxLayerIds.default(61).ids)  # what the real-source test checks
     assert cfg.target.dtype == "bfloat16" and cfg.engine.sglang.tp_size == 8
 
 
@@ -440,7 +440,7 @@ def test_engine_sglang_on_the_embedded_default_uses_its_dequantised_dir(real, mo
     recipe = sglang_recipe(cfg.target, cfg.engine, [1, 14, 26], torch.bfloat16, 0)
     assert recipe.path == str(embedded_target_dir())
     checked = check_target(recipe.path, [1, 14, 26], source_dir=real.package_dir)  # a LlamaForCausalLM dir SGLang reads
-    assert checked.architecture == "LlamaForCausalLM" and checked.ids.layer_inputs == [2, 15, 27]
+    assert checked.architecture == "LlamaForCausalLM" and checked.ids.sglang_layer_inputs == [2, 15, 27]
 
 
 def test_the_embedded_config_is_plain_with_or_without_a_quantization_config():

@@ -22,7 +22,7 @@ from trainer.target_factory import SGLangTarget  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 VOCAB = 512  # tiny_deepseek_v3_config's too
-IDS = (1, 3, 4)  # default_aux_layer_ids(8); starts at 1, as SGLang's DeepSeek class needs
+IDS = (1, 3, 4)  # AuxLayerIds.default(8); starts at 1, as SGLang's DeepSeek class needs
 SETTINGS = SimpleNamespace(mode="colocated", slots=2, slot_tokens=256, start_timeout_s=900.0)
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from serving.export import export_sglang, load_export
+from serving.export import export_draft, load_export
+from serving.formats import ExportSpec
 from tests.test_export import AUX_IDS, CARRIED, _draft, _vocab
 
 SOURCE_ENV = "STREAMDRAFT_SPECFORGE_SRC"
@@ -66,7 +67,7 @@ class _SpecForgeHead(torch.nn.Module):
 @pytest.mark.parametrize("norm_output", [False, True])
 def test_specforge_computes_our_logits_from_the_export(tmp_path, eagle3_class, norm_output):
     draft, vocab = _draft(CARRIED), _vocab(CARRIED)
-    out = export_sglang(tmp_path / "x", draft, vocab, AUX_IDS, norm_output=norm_output, dtype=torch.float32)
+    out = export_draft(tmp_path / "x", "sglang", draft, vocab, ExportSpec.of(AUX_IDS, norm_output=norm_output, dtype=torch.float32))
     back, _, config = load_export(out)
     hidden = torch.randn(2, 5, CARRIED.hidden_size, generator=torch.Generator().manual_seed(0))  # pre-norm [B, T, H]
     ours = draft.lm_head(draft.norm(hidden))  # Eagle3Draft.step's logits

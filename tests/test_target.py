@@ -19,8 +19,9 @@ from transformers import (
 )
 
 import models.embedded as embedded
+from models.aux_ids import AuxLayerIds
 from models.embedded import embedded_target_dir
-from models.target import HFTargetEngine, check_aux_layer_ids, default_aux_layer_ids
+from models.target import HFTargetEngine
 from trainer.batch import TokenBatch
 
 VOCAB = 128
@@ -90,7 +91,7 @@ def assert_capture_parity(model, aux_layer_ids):
 def test_capture_parity_default_ids(build):
     model = build()
     engine = assert_capture_parity(model, None)
-    assert list(engine.info.aux_layer_ids) == default_aux_layer_ids(model.config.num_hidden_layers)
+    assert engine.info.aux_layer_ids == AuxLayerIds.default(model.config.num_hidden_layers).ids
 
 
 @pytest.mark.parametrize("build, ids", [(tiny_llama, [0, 6]), (tiny_deepseek_v3, [0, 2, 3, 5])],
@@ -111,23 +112,6 @@ def test_engine_is_frozen_and_leaves_no_hooks():
     info = engine.info
     assert (info.architecture, info.model_type, info.num_layers, info.hidden_size, info.vocab_size) == (
         "LlamaForCausalLM", "llama", 8, 64, VOCAB)
-
-
-def test_default_aux_layer_ids():
-    assert default_aux_layer_ids(30) == [1, 14, 26]
-    assert default_aux_layer_ids(61) == [1, 29, 57]
-    with pytest.raises(ValueError, match="at least 7 layers"):
-        default_aux_layer_ids(6)
-
-
-@pytest.mark.parametrize("ids, match", [
-    ([1, 30], "out of range"), ([1, 29], "out of range"), ([-1, 3], "out of range"),
-    ([14, 1], "strictly increasing"), ([1, 1, 2], "strictly increasing"), ([], "empty"), ([1.0, 2], "ints"),
-])
-def test_bad_aux_layer_ids(ids, match):
-    with pytest.raises(ValueError, match=match):
-        check_aux_layer_ids(ids, 30)
-    assert check_aux_layer_ids([0, 28], 30) == [0, 28]
 
 
 def test_from_path_transformers_dir(tmp_path):

@@ -14,8 +14,8 @@ from models.embedded import embedded_target_dir
 from models.target import HFTargetEngine
 from models.vocab_map import build_vocab_map
 from serving.export import export_both
-from serving.formats import read_export_config
-from serving.verify import format_report, main as verify_main, verify_export
+from serving.formats import FORMATS, ExportSpec, read_export_config
+from serving.verify import format_report, main as verify_main, target_facts, verify_export, verify_exports
 
 AUX = [1, 14, 26]
 
@@ -33,10 +33,11 @@ def exports(target_dir, tmp_path_factory):
     shape = draft_shape_for(config, num_aux=3, draft_vocab_size=1024)
     counts = torch.randint(0, 1000, (shape.vocab_size,), generator=torch.Generator().manual_seed(0))
     draft, vocab = Eagle3Draft(shape), build_vocab_map(counts, 1024)
-    return export_both(
-        tmp_path_factory.mktemp("exports"), draft, vocab, aux_layer_ids=AUX, norm_output=False, dtype=torch.bfloat16,
-        target_architecture="LlamaForCausalLM", target_num_layers=30, target_path=str(target_dir),
+    spec = ExportSpec.of(
+        AUX, norm_output=False, dtype=torch.bfloat16, target_architecture="LlamaForCausalLM", target_num_layers=30,
+        target_path=str(target_dir),
     )  # fmt: skip
+    return export_both(tmp_path_factory.mktemp("exports"), draft, vocab, spec)
 
 
 def _copy(exports, engine, tmp_path):
@@ -175,3 +176,41 @@ def test_report_table_names_every_problem(exports, target_dir, tmp_path):
     text = format_report(verify_export(out, "sglang", target_dir))
     assert text.splitlines()[0].endswith("2 problem(s)")
     assert "weights" in text and "vocab" in text and "model.norm.weight" in text
+
+
+def test_verify_without_engine_loops_over_every_format(exports, target_dir, tmp_path, capsys):
+    root = exports["sglang"].parent
+    assert sorted(p.name for p in root.iterdir()) == sorted(FORMATS)
+    assert verify_main([str(root), "--target", str(target_dir)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ["OK"] * len(FORMATS)
+    assert [line.split(":")[0].split()[-1] for line in lines] == list(FORMATS)
+    broken = tmp_path / "root"
+    for engine in FORMATS:
+        shutil.copytree(exports[engine], broken / engine)
+    _edit_weights(broken / "vllm", lambda t: t.pop("norm.weight"))
+    assert verify_main([str(broken), "--target", str(target_dir)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("OK") and "FAIL" in out and "model.norm.weight" in out
+
+
+def test_an_unknown_engine_is_a_clear_error(exports, capsys):
+    with pytest.raises(ValueError, match="unknown export engine 'tgi': known engines are sglang, vllm"):
+        verify_export(exports["sglang"], "tgi")
+    with pytest.raises(SystemExit):
+        verify_main([str(exports["sglang"]), "--engine", "tgi"])
+    assert "invalid choice: 'tgi'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"no export dir given for engine\(s\) \['vllm'\]"):
+        verify_exports({"sglang": exports["sglang"]})
+
+
+def test_a_multimodal_target_is_read_from_its_text_config(exports, target_dir, tmp_path):
+    config = json.loads((target_dir / "config.json").read_text())
+    text = {k: v for k, v in config.items() if k != "architectures"}
+    wrapped = tmp_path / "wrapped"
+    wrapped.mkdir()
+    (wrapped / "config.json").write_text(json.dumps({"architectures": config["architectures"], "text_config": text}))
+    facts = target_facts(wrapped, None)
+    assert (facts.architecture, facts.num_layers, facts.hidden_size, facts.vocab_size) == (
+        config["architectures"][0], config["num_hidden_layers"], config["hidden_size"], config["vocab_size"])
+    assert verify_export(exports["sglang"], "sglang", wrapped).ok
