@@ -13,7 +13,7 @@ state the trainer's target logits need is gone. Driving the ModelRunner, as SGLa
 ``bench_one_batch`` does, keeps every tensor on the GPU and gives both, for every token:
 
 * aux: ``set_eagle3_layers_to_capture(ids)``, the call SGLang's serving makes
-  (model_runner.py:1002-1011) with the ids the export writes (``serving.sglang_preflight``),
+  (model_runner.py:1002-1011) with the ids the export writes (``models.sglang_preflight``),
   and ``CaptureHiddenMode.FULL``: ``logits_output.hidden_states`` is then ``cat(aux, -1)``
   (logits_processor.py:595-600), the tensor SGLang's EAGLE-3 worker hands the draft's ``fc``;
 * final: the hidden-state argument of the logits processor, read by a forward pre-hook
@@ -26,21 +26,43 @@ prefix cache, and the KV pools are cleared after each batch: every batch is a fr
 from __future__ import annotations
 
 from array import array
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor, nn
 
 from models.target import TargetInfo, check_aux_layer_ids, default_aux_layer_ids
-from serving.sglang_preflight import INSTALL_HINT, SGLangIds, check_target, choose_attention_backend, read_target_shape
-from trainer.batch import FeatureBatch, TokenBatch
-
-if TYPE_CHECKING:
-    from trainer.target_factory import SGLangTarget
+from models.sglang_preflight import INSTALL_HINT, SGLangIds, check_target, choose_attention_backend, read_target_shape
+from models.batch import FeatureBatch, TokenBatch
 
 SGLANG_VERSION = "0.5.14"  # the ModelRunner / ScheduleBatch API this module drives
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+@dataclass(frozen=True)
+class SGLangTarget:
+    """The recipe of one tensor-parallel rank of a target in SGLang (``SGLangTargetEngine``, docs/SGLANG.md).
+
+    The ``tp_size`` engine processes of a group (consecutive local ranks) each hold one of these
+    with their own ``tp_rank`` and the group's ``dist_port``; ``trainer.sources.sglang_recipe``
+    derives both from the config and the local rank.
+    """
+
+    path: str  # local model dir (config.json; weights unless load_format is dummy)
+    aux_layer_ids: tuple[int, ...] | None = None  # output of decoder layer k; None: [1, N//2-1, N-4]
+    dtype: torch.dtype = torch.bfloat16
+    tp_size: int = 1
+    tp_rank: int = 0
+    dist_port: int = 29650  # the group's rendezvous port on 127.0.0.1
+    mem_fraction_static: float = 0.5  # of the GPU memory free at start: weights + KV pool
+    attention_backend: str | None = None  # None: fa3 on Hopper where sgl_kernel carries it, else triton (models.sglang_preflight)
+    load_format: str = "auto"  # auto | dummy (random weights, for benchmarks)
+    max_total_tokens: int | None = None  # KV pool tokens; None: what mem_fraction_static leaves
+
+    def build(self, device: torch.device) -> SGLangTargetEngine:
+        return SGLangTargetEngine.start(self, device)
 
 
 def import_sglang():

@@ -29,7 +29,7 @@ from torch import Tensor, nn  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel  # noqa: E402
 
 from models.attention import document_causal_mask  # noqa: E402
-from trainer.batch import FeatureBatch, TokenBatch  # noqa: E402
+from models.batch import FeatureBatch, TokenBatch  # noqa: E402
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:

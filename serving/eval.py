@@ -31,7 +31,7 @@ from serving.draft_runner import DraftRunner
 from serving.export import load_export
 from serving.formats import read_export_config
 from serving.formats import DEFAULT_SPECULATIVE_TOKENS
-from serving.prompts import PromptSpec, ask, prompts_from_conversations, read_prompt_file, render
+from serving.prompts import PromptSpec, ask, read_prompt_file, render
 from serving.spec_decode import Generation, speculative_generate
 from serving.target_runner import FEATURES, TargetRunner, greedy_generate
 
@@ -180,21 +180,11 @@ def _shared_embedding(model, parsed):
 # --------------------------------------------------------------------------- CLI
 
 
-def _heldout_prompts(n: int, seed: int, fraction: float) -> list[PromptSpec]:
-    from trainer.data import read_chatterbot, split_holdout  # the training split: never seen in training
-
-    convs, _ = read_chatterbot(("english",))
-    _, held = split_holdout(convs, fraction, seed)
-    return prompts_from_conversations(held, limit=n)
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m serving.eval", description=__doc__.split("\n\n")[0])
     p.add_argument("export_dir", type=Path)
     p.add_argument("--target", type=Path, default=None, help="target transformers dir or .gguf (default: the embedded target)")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompts", type=Path, help="jsonl with prompt / messages / turns")
-    src.add_argument("--heldout", type=int, metavar="N", help="N held-out chatterbot conversations (the training split's)")
+    p.add_argument("--prompts", type=Path, required=True, help="jsonl with prompt / messages / turns (a run's: RUN/eval_prompts.jsonl)")
     p.add_argument("--limit", type=int, default=None, help="at most this many prompts from --prompts")
     p.add_argument("--k", type=int, default=None, help="draft tokens per cycle (default: the export's)")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -203,8 +193,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a busy machine)")
-    p.add_argument("--seed", type=int, default=0, help="held-out split seed (trainer.seed)")
-    p.add_argument("--holdout-fraction", type=float, default=0.1)
     p.add_argument("--json", type=Path, default=None, help="write the result here")
     return p
 
@@ -218,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     try:
         target_path = args.target if args.target is not None else embedded_target_dir()
-        prompts = read_prompt_file(args.prompts, args.limit) if args.prompts else _heldout_prompts(args.heldout, args.seed, args.holdout_fraction)
+        prompts = read_prompt_file(args.prompts, args.limit)
         print(f"serving eval: loading the target {target_path} ({args.dtype}, {args.device})", file=sys.stderr, flush=True)
         engine = HFTargetEngine.from_path(target_path, device=args.device, dtype=getattr(torch, args.dtype))
         result = evaluate_export(

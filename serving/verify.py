@@ -9,7 +9,7 @@ The checks, each a row of the problem table (exit code 1 when there is any):
 * ``vocab``    ``d2t`` / ``t2d`` satisfy DESIGN contract 4;
 * ``layers``   the aux layer ids are in range for the target, in the engine's semantics;
 * ``target``   the target architecture captures aux hidden states in this engine
-  (``serving/aux_capture_table.py``), its widths and vocab match the draft, and the draft's
+  (``models/aux_capture_table.py``), its widths and vocab match the draft, and the draft's
   ``fc`` will actually run (SGLang skips it when the incoming width equals the embedding's).
 
 Without ``--target`` the target facts come from the export's ``streamdraft`` provenance.
@@ -26,7 +26,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from models.vocab_map import VocabMap
-from serving.aux_support import aux_capture_support
+from models.aux_support import aux_capture_support
 from serving.formats import CONFIG_FILE, ENGINES, WEIGHTS_FILE, ExportConfig, engine_of, parse_export_config, read_config_file
 from serving.loaders import Replay, replay_sglang, replay_vllm
 

@@ -20,11 +20,11 @@ from serving.eval import evaluate_export, main as eval_main, stop_token_ids
 from serving.export import export_both, load_export
 from serving.formats import read_export_config
 from serving.pipeline import export_verify_eval
-from serving.prompts import PromptSpec, ask, parse_prompt, read_prompt_file, render
+from serving.prompts import PromptSpec, ask, parse_prompt, prompts_from_conversations, read_prompt_file, render, write_prompt_file
 from serving.spec_decode import speculative_generate
 from serving.target_runner import TargetRunner, greedy_generate
 from serving.verify import verify_export
-from trainer.batch import TokenBatch
+from models.batch import TokenBatch
 from trainer.ttt import target_labels, ttt_unroll
 
 QUESTIONS = ["What is the capital of France?", "Tell me a joke about computers.", "How do I boil an egg?", "Why is the sky blue?"]
@@ -191,6 +191,21 @@ def test_prompt_formats_and_errors(tmp_path):
     (tmp_path / "bad.jsonl").write_text("{not json\n")
     with pytest.raises(ValueError, match="bad.jsonl:1: not valid JSON"):
         read_prompt_file(tmp_path / "bad.jsonl")
+
+
+def test_written_prompts_read_back_equal(tmp_path):
+    conversations = [
+        [{"role": "user", "content": "one"}],
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "again"}],
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "s"}],
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "s"}, {"role": "assistant", "content": "a"},
+         {"role": "user", "content": "more"}],
+    ]  # fmt: skip
+    specs = prompts_from_conversations(conversations)
+    assert [s.turns for s in specs] == [1, 2, 1, 2]
+    assert read_prompt_file(write_prompt_file(specs, tmp_path / "eval_prompts.jsonl")) == specs
+    with pytest.raises(ValueError, match="follow_ups"):
+        parse_prompt({"messages": [{"role": "user", "content": "q"}], "follow_ups": [""]}, "x.jsonl:1")
 
 
 def test_later_turns_see_the_generated_answers():

@@ -12,7 +12,7 @@ import torch
 
 from models.attention import ttt_attention
 from models.target import HFTargetEngine
-from trainer.batch import TokenBatch, document_positions
+from models.batch import TokenBatch, document_positions
 from trainer.data import EncodedSample, PackedBatcher, first_fit_rows, next_fit_rows, pack_rows, pad_batch
 from trainer.ttt import step_valid, target_labels, ttt_unroll
 

@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.batch import FeatureBatch, TokenBatch
+from models.batch import FeatureBatch, TokenBatch
 from trainer.data import EncodedSample, PackedBatcher
 from trainer.engine_process import EngineError
 from trainer.feature_ring import RingSpec, allocate_ring
 from trainer.stream import ColocatedStream, InProcessStream, TargetSource, open_feature_stream
-from trainer.target_factory import PathTarget
+from models.engines import PathTarget
 
 from tests.toy_target import VOCAB, ToyTarget, make_batches
 
@@ -442,7 +442,6 @@ def test_engine_config_modes():
 
 
 def test_bench_throughput_tiny(tmp_path):
-    sys.path.insert(0, str(ROOT))
     from launch.bench_throughput import main
 
     report = main(["--tiny", "--out", str(tmp_path / "bench.json"), "--disk-dir", str(tmp_path)])
@@ -460,7 +459,6 @@ def test_bench_throughput_tiny(tmp_path):
 
 
 def test_bench_compares_features_without_the_sglang_mode():
-    sys.path.insert(0, str(ROOT))
     from launch.bench_throughput import compare
 
     row = lambda mode, loss: {"mode": mode, "checksums": [[1.0, 2.0]], "losses": [loss]}  # noqa: E731

@@ -21,7 +21,7 @@ from transformers import (
 import models.embedded as embedded
 from models.embedded import embedded_target_dir
 from models.target import HFTargetEngine, check_aux_layer_ids, default_aux_layer_ids
-from trainer.batch import TokenBatch
+from models.batch import TokenBatch
 
 VOCAB = 128
 

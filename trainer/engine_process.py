@@ -2,7 +2,7 @@
 
 The trainer starts it (``EngineProcess``, spawn start method, one per trainer device),
 owns it and stops it. The engine process builds its own target from a picklable recipe
-(``trainer.target_factory``), reports the target's ``TargetInfo``, receives the feature
+(``models.engines``), reports the target's ``TargetInfo``, receives the feature
 ring the trainer allocated (once), then serves token batches in the order they arrive.
 
 Messages (small dataclasses over two ``multiprocessing`` queues; features never travel
@@ -52,9 +52,9 @@ import torch
 import torch.multiprocessing as tmp  # registers the CUDA-IPC / shared-memory pickling of tensors and events
 from torch import Tensor
 
-from trainer.batch import TokenBatch
+from models.batch import TokenBatch
 from trainer.feature_ring import RingSpec, Slot, allocate_ring
-from trainer.target_factory import FeatureEngine, TargetFactory
+from models.engines import FeatureEngine, TargetFactory
 
 POLL_S = 0.5  # how often a waiting side checks that the other side is alive
 STOP_TIMEOUT_S = 30.0  # from Stop to terminate

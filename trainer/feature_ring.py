@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from trainer.batch import FeatureBatch, TokenBatch
+from models.batch import FeatureBatch, TokenBatch
 
 
 @dataclass(frozen=True)

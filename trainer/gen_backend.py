@@ -33,7 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from serving.sglang_preflight import INSTALL_HINT as SGLANG_HINT  # noqa: E402
+from models.sglang_preflight import INSTALL_HINT as SGLANG_HINT  # noqa: E402
 
 ENGINES = ("hf", "sglang", "auto")
 FINISHES = ("stop", "length")

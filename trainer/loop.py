@@ -18,12 +18,12 @@ from models.draft import Eagle3Draft, draft_shape_for
 from models.vocab_map import VocabMap, build_vocab_map, count_tokens
 from trainer import checkpoint as ckpt
 from trainer import metrics as M
-from trainer.batch import FeatureBatch, TokenBatch
+from models.batch import FeatureBatch, TokenBatch
 from trainer.config import Config
 from trainer.data import EncodedSample, token_batches
 from trainer.flops import device_peak_tflops, flops_per_token, mfu
 from serving.pipeline import export_verify_eval
-from serving.prompts import PromptSpec, prompts_from_conversations, read_prompt_file
+from serving.prompts import PromptSpec, prompts_from_conversations, read_prompt_file, write_prompt_file
 from trainer.dist import Parallel, init_parallel, resolve_device
 from trainer.report import REPORT_DIR, REPORT_FILE, format_summary, write_report
 from trainer.schedule import lr_factor
@@ -107,6 +107,7 @@ END_EVAL, SERVING_EVAL, REPORT = "end-of-run held-out eval", "end-of-run export,
 PHASES = (STARTUP, UNTRAINED_EVAL, TRAINING, END_EVAL, SERVING_EVAL, REPORT)
 PERIODIC_EVAL = "serving eval between training steps (trainer.export_every)"  # a stop cuts it and the training short
 CHECKPOINTS = "checkpoints"  # the run dir's checkpoint folder
+EVAL_PROMPTS_FILE = "eval_prompts.jsonl"  # the run dir's serving-eval prompts, a serving/prompts.py file
 
 
 @dataclass
@@ -163,6 +164,8 @@ class Trainer:
         self.loader = self.data.train_loader(train_batcher(cfg.data, self.target.pad_id), self.par.rank, self.par.world)
         self.eval_samples = self.data.eval_samples()
         self.prompts, self.prompt_origin = eval_prompt_set(cfg, self.data)
+        if self.par.is_main:  # the serving eval's prompts: `python -m serving.eval ... --prompts RUN/eval_prompts.jsonl`
+            write_prompt_file(self.prompts, self.run_dir / EVAL_PROMPTS_FILE)
         self.ckpt_root = self.run_dir / CHECKPOINTS
         resume_from = self._resume_path()
         built = self._vocab_map(self.loader.epoch_samples(0))  # an epoch of the mix: counts follow its weights

@@ -50,7 +50,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from tqdm import tqdm  # noqa: E402
 
 from trainer.data.conversation import Conversation  # noqa: E402
-from trainer.data.files import json_lines  # noqa: E402
+from serving.jsonl import json_lines  # noqa: E402
 from trainer.data.sources import FORMATS, read_source  # noqa: E402
 from trainer.gen_backend import (  # noqa: E402
     DTYPES, ENGINES, Backend, EngineSettings, GenerationSettings, default_batch_size, generate_chats, open_backend, resolve_engine,

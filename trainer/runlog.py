@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from trainer import metrics as M
-from trainer.data.files import json_lines
+from serving.jsonl import json_lines
 
 SUMMARY_FILE = "summary.json"
 HYDRA_CONFIG = Path(".hydra") / "config.yaml"

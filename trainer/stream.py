@@ -36,10 +36,10 @@ from typing import Protocol
 
 import torch
 
-from trainer.batch import FeatureBatch, TokenBatch
+from models.batch import FeatureBatch, TokenBatch
 from trainer.engine_process import Cancelled, EngineError, EngineProcess, Ready, concrete_device
 from trainer.feature_ring import Slot
-from trainer.target_factory import FeatureEngine, TargetFactory
+from models.engines import FeatureEngine, TargetFactory
 
 MODES = ("inprocess", "colocated")
 

@@ -169,7 +169,7 @@ def first_user_turn(messages: Iterable[dict]) -> str:
 def read_heldout_files(paths: Iterable[str | Path]) -> list[tuple[str, str]]:
     """(``file:line``, first user turn) of every prompt in prompt files (serving/prompts.py)."""
     from serving.prompts import parse_prompt  # serving reads trainer.data.files: imported here, not at module load
-    from trainer.data.files import json_lines
+    from serving.jsonl import json_lines
 
     out = []
     for path in paths:

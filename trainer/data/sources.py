@@ -36,7 +36,8 @@ from trainer.data.conversation import (
     parse_sharegpt,
     trainable,
 )
-from trainer.data.files import RawRecord, data_files, hf_disk_rows, local_path, read_file
+from serving.jsonl import RawRecord
+from trainer.data.files import data_files, hf_disk_rows, local_path, read_file
 from trainer.data.stats import DatasetStats
 
 CORPUS_FORMATS = {"sharegpt_wheel": "sharegpt", "evals": "evals", "codeio": "codeio"}  # format -> corpus (trainer/data/corpora.py)

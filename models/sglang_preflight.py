@@ -32,7 +32,7 @@ The source is the installed ``sglang`` package (found with ``importlib.util.find
 imported) or the dir ``$STREAMDRAFT_SGLANG_SRC`` names (an unpacked wheel's ``sglang/``)::
 
     pip download --no-deps sglang==0.5.14 -d /tmp/sgl && (cd /tmp/sgl && unzip -qo sglang-*.whl 'sglang/*')
-    STREAMDRAFT_SGLANG_SRC=/tmp/sgl/sglang python -m serving.sglang_preflight /models/Kimi-K2.5
+    STREAMDRAFT_SGLANG_SRC=/tmp/sgl/sglang python -m models.sglang_preflight /models/Kimi-K2.5
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable, Sequence
 
-from serving.aux_support import (
+from models.aux_support import (
     SGLANG_METHOD,
     SGLANG_PACKAGE,
     ClassInfo,
