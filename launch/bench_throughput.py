@@ -39,8 +39,8 @@ import importlib.util
 import json
 import os
 import queue
-import statistics
 import socket
+import statistics
 import sys
 import tempfile
 import threading
@@ -52,12 +52,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from models.draft import DraftShape, Eagle3Draft, draft_shape_for  # noqa: E402
 from models.batch import FeatureBatch, TokenBatch  # noqa: E402
-from trainer.flops import H200_BF16_PEAK_TFLOPS, flops_per_token  # noqa: E402
-from trainer.stream import TargetSource, open_feature_stream  # noqa: E402
+from models.draft import DraftShape, Eagle3Draft, draft_shape_for  # noqa: E402
 from models.engines import RandomTarget, TargetFactory  # noqa: E402
 from models.sglang_target import SGLangTarget  # noqa: E402
+from trainer.flops import H200_BF16_PEAK_TFLOPS, flops_per_token  # noqa: E402
+from trainer.stream.feature_stream import TargetSource, open_feature_stream  # noqa: E402
 from trainer.ttt import TTTObjective, target_labels  # noqa: E402
 
 PEAK_FLOPS = H200_BF16_PEAK_TFLOPS * 1e12

@@ -1,7 +1,7 @@
 """The target in SGLang (``engine=sglang``, docs/SGLANG.md): the features ``models.target``
 hands out, from SGLang's own EAGLE-3 aux capture.
 
-Each engine process (one per trainer rank, ``trainer.engine_process``) is one tensor-parallel
+Each engine process (one per trainer rank, ``trainer.stream.engine_process``) is one tensor-parallel
 rank of an SGLang ``ModelRunner`` on its own GPU; ``tp_size`` consecutive local ranks hold one
 copy of the target. Per batch the ranks of a group gather their token batches, prefill them as
 one batch, and each keeps its own rows: every rank's features go into its own trainer's ring.
@@ -33,9 +33,9 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from models.target import TargetInfo, check_aux_layer_ids, default_aux_layer_ids
-from models.sglang_preflight import INSTALL_HINT, SGLangIds, check_target, choose_attention_backend, read_target_shape
 from models.batch import FeatureBatch, TokenBatch
+from models.sglang_preflight import INSTALL_HINT, SGLangIds, check_target, choose_attention_backend, read_target_shape
+from models.target import TargetInfo, check_aux_layer_ids, default_aux_layer_ids
 
 SGLANG_VERSION = "0.5.14"  # the ModelRunner / ScheduleBatch API this module drives
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}

@@ -1,9 +1,9 @@
 """``python -m serving.eval EXPORT_DIR``: acceptance length of an exported draft, measured by
-real greedy speculative decoding against the transformers target (DESIGN contract 6).
+real greedy speculative decoding against the transformers target (the number a draft is judged by).
 
 The draft is loaded from the export directory (the bf16 weights an engine would load),
-fed the way SGLang feeds it (``serving/draft_runner.py``), and the target verifies each
-chain of k draft tokens in one forward (``serving/spec_decode.py``). Reported:
+fed the way SGLang feeds it (``serving/speculative/draft_runner.py``), and the target verifies each
+chain of k draft tokens in one forward (``serving/speculative/decode.py``). Reported:
 
 * ``accept_len`` τ: tokens per target verify forward (1 = nothing accepted, k + 1 = all);
 * ``accept_rate[i]``: fraction of verify steps that accepted at least i + 1 draft tokens
@@ -27,13 +27,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from serving.draft_runner import DraftRunner
 from serving.export import load_export
-from serving.formats import read_export_config
-from serving.formats import DEFAULT_SPECULATIVE_TOKENS
-from serving.prompts import PromptSpec, ask, read_prompt_file, render
-from serving.spec_decode import Generation, speculative_generate
-from serving.target_runner import FEATURES, TargetRunner, greedy_generate
+from serving.formats import DEFAULT_SPECULATIVE_TOKENS, read_export_config
+from serving.prompts import PromptSpec, ask, read_prompt_file, render, stop_ids_of
+from serving.speculative.decode import Generation, speculative_generate
+from serving.speculative.draft_runner import DraftRunner
+from serving.speculative.target_runner import FEATURES, TargetRunner, greedy_generate
 
 
 @dataclass
@@ -112,15 +111,6 @@ class EvalResult:
         return "\n".join(lines)
 
 
-def stop_token_ids(tokenizer, model) -> set[int]:
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    extra = getattr(model.generation_config, "eos_token_id", None)
-    ids |= set(extra) if isinstance(extra, (list, tuple)) else ({extra} if extra is not None else set())
-    if not ids:
-        raise ValueError("the target defines no end-of-sequence token: generation could not stop")
-    return ids
-
-
 def evaluate(
     target: TargetRunner, draft: DraftRunner, tokenizer, prompts: list[PromptSpec], k: int, max_new_tokens: int,
     check_greedy: bool = False,
@@ -129,7 +119,7 @@ def evaluate(
     if not prompts:
         raise ValueError("no prompts to evaluate on")
     device = next(target.model.parameters()).device
-    stops, tally, mismatches, checked, turns = stop_token_ids(tokenizer, target.model), Tally(k), [], 0, 0
+    stops, tally, mismatches, checked, turns = set(stop_ids_of(target.model.generation_config, tokenizer)), Tally(k), [], 0, 0
     start = time.perf_counter()
 
     def answer(messages) -> str:

@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from models.vocab_map import VocabMap
 from models.aux_support import aux_capture_support
+from models.vocab_map import VocabMap
 from serving.formats import CONFIG_FILE, ENGINES, WEIGHTS_FILE, ExportConfig, engine_of, parse_export_config, read_config_file
 from serving.loaders import Replay, replay_sglang, replay_vllm
 

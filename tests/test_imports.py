@@ -111,6 +111,12 @@ def test_no_import_cycles():
     assert cycles(import_graph(ROOT)) == []
 
 
+def test_tests_import_launch_as_a_package():
+    """Tests import ``launch.*`` like every other package (``launch/__init__.py``), never by editing the import path."""
+    edits = [p.name for p in sorted((ROOT / "tests").glob("*.py")) if "sys." + "path" in p.read_text()]
+    assert edits == []
+
+
 def test_checks_catch_an_upward_import_and_a_cycle(tmp_path):
     for package, text in {
         "models": {"a.py": "from serving import b\n"},

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from tests.tiny import tiny_config
-from trainer import metrics as M
 from trainer.flops import H200_BF16_PEAK_TFLOPS, device_peak_tflops, flops_per_token
 from trainer.loop import Trainer, Window
+from trainer.report import metrics as M
 from trainer.sources import train_batcher
 
 

@@ -14,15 +14,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig
 
+from models.aux_support import dotted_name
+from models.batch import TokenBatch
 from models.draft import DraftShape
 from models.embedded import embedded_target_dir, plain_config
-from models.sglang_target import check_aux_width, documents, import_sglang, rank_span, to_rows
-from models.target import TargetInfo, default_aux_layer_ids
-from models.aux_support import dotted_name
-from serving.formats import sglang_config
+from models.engines import PathTarget
 from models.sglang_preflight import (
     SOURCE_ENV,
     SGLangSource,
@@ -35,15 +33,15 @@ from models.sglang_preflight import (
     sglang_layer_ids,
 )
 from models.sglang_preflight import main as preflight_main
+from models.sglang_target import SGLangTarget, check_aux_width, documents, import_sglang, rank_span, to_rows
+from models.target import TargetInfo, default_aux_layer_ids
+from serving.formats import sglang_config
 from tests.sglang_tiny import is_layer, layer_errors, tiny_deepseek_v3_config
 from tests.tiny import tiny_config
-from models.batch import TokenBatch
 from trainer.dist import Parallel
-from trainer.engine_process import EngineError, failure_cause, failure_message
 from trainer.sources import sglang_recipe, target_recipe
-from trainer.stream import TargetSource
-from models.engines import PathTarget
-from models.sglang_target import SGLangTarget
+from trainer.stream.engine_process import EngineError, failure_cause, failure_message
+from trainer.stream.feature_stream import TargetSource
 
 KIMI = "KimiK25ForConditionalGeneration"
 KIMI_IDS = [1, 29, 57]  # default_aux_layer_ids(61), conf/target/kimi_k25.yaml

@@ -22,13 +22,12 @@ import pytest
 import torch
 
 from models.batch import FeatureBatch, TokenBatch
-from trainer.data import EncodedSample, PackedBatcher
-from trainer.engine_process import EngineError
-from trainer.feature_ring import RingSpec, allocate_ring
-from trainer.stream import ColocatedStream, InProcessStream, TargetSource, open_feature_stream
 from models.engines import PathTarget
-
 from tests.toy_target import VOCAB, ToyTarget, make_batches
+from trainer.data import EncodedSample, PackedBatcher
+from trainer.stream.engine_process import EngineError
+from trainer.stream.feature_ring import RingSpec, allocate_ring
+from trainer.stream.feature_stream import ColocatedStream, InProcessStream, TargetSource, open_feature_stream
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -388,7 +387,7 @@ def test_closing_the_source_mid_stream_stops_the_engine():
 TRAINER_SCRIPT = """
 import sys, time
 from tests.toy_target import VOCAB, ToyTarget, make_batches
-from trainer.stream import TargetSource, open_feature_stream
+from trainer.stream.feature_stream import TargetSource, open_feature_stream
 class Settings:
     mode, slots, slot_tokens, start_timeout_s = "colocated", 2, 64, 120.0
 source = TargetSource(ToyTarget())

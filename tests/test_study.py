@@ -11,13 +11,13 @@ import pytest
 
 import launch.study as study
 from serving.prompts import read_prompt_file
-from trainer import metrics as M
+from tests.tiny import ROOT, TINY, tiny_config
 from trainer.config import DataConfig, DataSourceConfig, TrainConfig
 from trainer.data import first_prompt_key, read_chatterbot
 from trainer.loop import run
-from trainer.report import describe_eval_prompts
+from trainer.report import metrics as M
+from trainer.report.report import describe_eval_prompts
 from trainer.sources import Holdout
-from tests.tiny import ROOT, TINY, tiny_config
 
 CATS = ["food", "sports"]
 

@@ -19,9 +19,9 @@ from transformers import (
 )
 
 import models.embedded as embedded
+from models.batch import TokenBatch
 from models.embedded import embedded_target_dir
 from models.target import HFTargetEngine, check_aux_layer_ids, default_aux_layer_ids
-from models.batch import TokenBatch
 
 VOCAB = 128
 

@@ -15,7 +15,8 @@ from models.target import HFTargetEngine
 from models.vocab_map import build_vocab_map
 from serving.export import export_both
 from serving.formats import read_export_config
-from serving.verify import format_report, main as verify_main, verify_export
+from serving.verify import format_report, verify_export
+from serving.verify import main as verify_main
 
 AUX = [1, 14, 26]
 

@@ -14,21 +14,21 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from models.batch import FeatureBatch, TokenBatch
 from models.draft import Eagle3Draft, draft_shape_for
 from models.vocab_map import VocabMap, build_vocab_map, count_tokens
-from trainer import checkpoint as ckpt
-from trainer import metrics as M
-from models.batch import FeatureBatch, TokenBatch
-from trainer.config import Config
-from trainer.data import EncodedSample, token_batches
-from trainer.flops import device_peak_tflops, flops_per_token, mfu
 from serving.pipeline import export_verify_eval
 from serving.prompts import PromptSpec, prompts_from_conversations, read_prompt_file, write_prompt_file
+from trainer import checkpoint as ckpt
+from trainer.config import Config
+from trainer.data import EncodedSample, token_batches
 from trainer.dist import Parallel, init_parallel, resolve_device
-from trainer.report import REPORT_DIR, REPORT_FILE, format_summary, write_report
+from trainer.flops import device_peak_tflops, flops_per_token, mfu
+from trainer.report import metrics as M
+from trainer.report.report import REPORT_DIR, REPORT_FILE, format_summary, write_report
 from trainer.schedule import lr_factor
 from trainer.sources import PreparedData, TargetBundle, load_target, prepare_data, target_recipe, train_batcher, with_eval_target
-from trainer.stream import TargetSource, open_feature_stream
+from trainer.stream.feature_stream import TargetSource, open_feature_stream
 from trainer.ttt import TTTObjective, TTTOutput, simulated_accept_length, target_labels
 
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from models.draft import Eagle3Draft
 from models.batch import token_positions
+from models.draft import Eagle3Draft
 from trainer.soft_ce import soft_cross_entropy
 
 

@@ -14,7 +14,7 @@ through them, only slot indices):
 The engine computes a batch only when it holds a free slot (backpressure: with every slot
 full it waits for ``Free``), copies the features into the slot and sends ``Ready``. On a
 GPU the copy first waits (GPU side) for the slot's ``free`` event and is followed by the
-slot's ``ready`` event (see ``trainer.feature_ring``).
+slot's ``ready`` event (see ``trainer.stream.feature_ring``).
 
 Failure and shutdown:
 - any exception in the engine process is sent to the trainer as ``Failed`` with the
@@ -53,8 +53,8 @@ import torch.multiprocessing as tmp  # registers the CUDA-IPC / shared-memory pi
 from torch import Tensor
 
 from models.batch import TokenBatch
-from trainer.feature_ring import RingSpec, Slot, allocate_ring
 from models.engines import FeatureEngine, TargetFactory
+from trainer.stream.feature_ring import RingSpec, Slot, allocate_ring
 
 POLL_S = 0.5  # how often a waiting side checks that the other side is alive
 STOP_TIMEOUT_S = 30.0  # from Stop to terminate
@@ -389,7 +389,7 @@ class EngineProcess:
 
     Starting builds the target in the child and waits (up to ``start_timeout_s``) for its
     ``TargetInfo``; the trainer then allocates the ring (``slots`` x ``slot_tokens``,
-    widths from the info) on ``device`` and sends it once. Streams (``trainer.stream``)
+    widths from the info) on ``device`` and sends it once. Streams (``trainer.stream.feature_stream``)
     use ``submit`` / ``receive`` / ``release`` / ``cancel``; one stream at a time.
     """
 

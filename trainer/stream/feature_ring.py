@@ -57,11 +57,6 @@ class RingSpec:
         if not self.dtype.is_floating_point:
             raise ValueError(f"features must be floating point, got {self.dtype}")
 
-    def slot_bytes(self) -> int:
-        """Bytes of one slot: features plus token tensors."""
-        feature = self.tokens * (self.aux_width + self.hidden) * torch.empty((), dtype=self.dtype).element_size()
-        return feature + self.tokens * (8 + 1 + 8 + 8)
-
 
 @dataclass
 class Slot:
