@@ -1,6 +1,6 @@
 """Which target architectures capture EAGLE-3 aux hidden states in SGLang and in vLLM.
 
-DESIGN contract 2: a target class that does not capture aux states hands the draft its
+A target class that does not capture aux states hands the draft its
 final hidden state instead of the fused aux features, and acceptance collapses to 1.0.
 Whether a class captures is a fact of the engine's source, so this module reads that
 source (statically, with ``ast``: nothing is imported) and writes the answer as a table,

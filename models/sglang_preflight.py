@@ -1,6 +1,8 @@
 """Preflight for ``engine=sglang``: does SGLang's class for this target capture the aux hidden
 states we train on, at the layers we train on? Answered from SGLang's source (parsed, never
-imported), before a weight is loaded or a training step runs. DESIGN contracts 1 and 2.
+imported), before a weight is loaded or a training step runs: a class that captures no aux states
+hands the draft its final hidden state (fc skipped, acceptance ~1.0), and ids captured at
+other layers serve the draft features it was not trained on.
 
 For the architecture a target's ``config.json`` names (``architectures[0]``):
 
@@ -332,7 +334,7 @@ def preflight(
         raise fail(
             f"its class {key[0]}.{key[1]} neither defines nor inherits {SGLANG_METHOD}, so SGLang cannot capture aux "
             f"hidden states for it: the draft would be handed {widths}, fc would be skipped and acceptance would "
-            "collapse to ~1.0 (DESIGN contract 2)"
+            "collapse to ~1.0"
         )  # fmt: skip
     ids = sglang_layer_ids(aux_layer_ids)
     captured = replay_capture(source, key, num_layers, ids.argument)
@@ -362,7 +364,7 @@ def _mismatch(method: str, ids: SGLangIds, got: list[int]) -> str:
     return (
         f"with our aux ids {ids.argument} (outputs of layers k) {method} captures the inputs of layers {got}, but "
         f"training needs the inputs of layers {ids.layer_inputs}. The SGLang export hands the same ids to the same "
-        f"method when serving, so the draft would be served other layers than it was trained on (DESIGN contract 1).{why}"
+        f"method when serving, so the draft would be served other layers than it was trained on.{why}"
     )
 
 

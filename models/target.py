@@ -2,7 +2,7 @@
 
 An aux layer id ``k`` means *the output of decoder layer k* (0-based), which is
 ``output_hidden_states[k + 1]`` in transformers and what SGLang captures as the input of
-layer ``k + 1`` (DESIGN.md, contract 1). Because SGLang captures layer *inputs*, the last
+layer ``k + 1`` (vLLM: the input of layer ``k + 1`` in its own numbering). Because SGLang captures layer *inputs*, the last
 decoder layer's output (``k = N - 1``) can never be an aux layer.
 
 ``HFTargetEngine.features`` runs only the decoder body (never the lm_head: no
@@ -26,7 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PretrainedConfig  # noqa: E402
 
 from models.attention import document_causal_mask  # noqa: E402
 from models.batch import FeatureBatch, TokenBatch  # noqa: E402
