@@ -1,4 +1,4 @@
-"""Generation speed of the backends (``trainer.gen_backend``) on the same prompts, in one process.
+"""Generation speed of the backends (``trainer.datagen.gen_backend``) on the same prompts, in one process.
 
     python launch/bench_generate.py --out bench_generate.json
     python launch/bench_generate.py --variants hf-b256 sglang --prompts outputs/synthetic/prompts.jsonl
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 
 from trainer.data import read_source  # noqa: E402
-from trainer.gen_backend import EngineSettings, GenerationSettings, chat_ids, open_backend  # noqa: E402
+from trainer.datagen.gen_backend import EngineSettings, GenerationSettings, chat_ids, open_backend  # noqa: E402
 from trainer.regenerate import prompt_conversations  # noqa: E402
 
 

@@ -20,7 +20,7 @@ import torch
 import models.draft as draft_module
 import trainer.ttt as ttt_module
 from launch.draft_variants import plain_soft_cross_entropy, ttt_attention_scores
-from trainer.batch import FeatureBatch, TokenBatch
+from models.batch import FeatureBatch, TokenBatch
 from trainer.ttt import draft_step
 
 VARIANTS = {  # name: (attention, soft cross-entropy); the first is the reference
@@ -108,9 +108,8 @@ def time_variant(st, objective, opt, fb, name: str, reference: tuple[float, dict
     return row, (loss, grads)
 
 
-def profile(st) -> dict:
-    from launch.bench_throughput import make_objective
-
+def profile(st, make_objective) -> dict:
+    """``make_objective(st)``: the benchmark's fresh draft objective and its AdamW."""
     fb = random_features(st)
     objective, opt = make_objective(st)
     initial = copy.deepcopy(objective.draft.state_dict())

@@ -53,10 +53,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 
 from models.draft import DraftShape, Eagle3Draft, draft_shape_for  # noqa: E402
-from trainer.batch import FeatureBatch, TokenBatch  # noqa: E402
+from models.batch import FeatureBatch, TokenBatch  # noqa: E402
 from trainer.flops import H200_BF16_PEAK_TFLOPS, flops_per_token  # noqa: E402
-from trainer.stream import TargetSource, open_feature_stream  # noqa: E402
-from trainer.target_factory import RandomTarget, SGLangTarget, TargetFactory  # noqa: E402
+from trainer.stream.feature_stream import TargetSource, open_feature_stream  # noqa: E402
+from models.engines import RandomTarget, TargetFactory  # noqa: E402
+from models.sglang_target import SGLangTarget  # noqa: E402
 from trainer.ttt import TargetLabeler, TTTObjective, draft_step  # noqa: E402
 
 PEAK_FLOPS = H200_BF16_PEAK_TFLOPS * 1e12
@@ -472,7 +473,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.profile:
         from launch.bench_profile import profile
 
-        report = profile(st)
+        report = profile(st, make_objective)
     else:
         runners = {"inprocess": run_inprocess, "colocated": run_colocated, "offline": run_offline, "sglang": run_sglang}
         rows, skipped = [], {}

@@ -232,7 +232,7 @@ def report(out: Path) -> dict:
         "throughput": perf, "flops_per_token": flops, "flops_mean_doc_ctx": ctx, "peak_flops_per_gpu": PEAK_FLOPS,
         "aux_width": {"expected": plan["facts"]["aux_width"], "engine_log_lines": aux_lines[:4],
                       "how": "models/sglang_target.py check_aux_width raises on any batch whose SGLang output is not "
-                             f"{num_aux} x {config['hidden_size']} wide; the ring slots (trainer/engine_process.py RingSpec) are that wide"},
+                             f"{num_aux} x {config['hidden_size']} wide; the ring slots (trainer/stream/engine_process.py RingSpec) are that wide"},
         "memory": memory_report(plan, ranks, watched),
         "disk": disk_report(out, ranks, watched, tokens, handoff),
         "export_verify": {"rc": int((out / "verify.rc").read_text()) if (out / "verify.rc").is_file() else None, "output": verify,

@@ -55,8 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import yaml  # noqa: E402
 
-from trainer import metrics as M  # noqa: E402
-from trainer.report import describe_eval_prompts  # noqa: E402
+from trainer.report import metrics as M  # noqa: E402
+from trainer.report.report import describe_eval_prompts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "LOCAL_WORLD_SIZE")  # each run sets up its own

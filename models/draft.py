@@ -186,7 +186,7 @@ class Eagle3Draft(nn.Module):
 
         ``doc_ids`` [B, T] (packed rows): attention stays inside each document; None: one a row.
         The pre-norm hidden is what SGLang feeds back at the next draft step unless the
-        exported config sets ``norm_output`` (DESIGN contract 5).
+        exported config sets ``norm_output``.
         """
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)
         out = self.midlayer(embeds, hidden, positions, cache, doc_ids)

@@ -1,7 +1,7 @@
 """The target in SGLang (``engine=sglang``, docs/SGLANG.md): the features ``models.target``
 hands out, from SGLang's own EAGLE-3 aux capture.
 
-Each engine process (one per trainer rank, ``trainer.engine_process``) is one tensor-parallel
+Each engine process (one per trainer rank, ``trainer.stream.engine_process``) is one tensor-parallel
 rank of an SGLang ``ModelRunner`` on its own GPU; ``tp_size`` consecutive local ranks hold one
 copy of the target. Per batch the ranks of a group gather their token batches, prefill them as
 one batch, and each keeps its own rows: every rank's features go into its own trainer's ring.
@@ -13,7 +13,7 @@ state the trainer's target logits need is gone. Driving the ModelRunner, as SGLa
 ``bench_one_batch`` does, keeps every tensor on the GPU and gives both, for every token:
 
 * aux: ``set_eagle3_layers_to_capture(ids)``, the call SGLang's serving makes
-  (model_runner.py:1002-1011) with the ids the export writes (``serving.sglang_preflight``),
+  (model_runner.py:1002-1011) with the ids the export writes (``models.sglang_preflight``),
   and ``CaptureHiddenMode.FULL``: ``logits_output.hidden_states`` is then ``cat(aux, -1)``
   (logits_processor.py:595-600), the tensor SGLang's EAGLE-3 worker hands the draft's ``fc``;
 * final: the hidden-state argument of the logits processor, read by a forward pre-hook
@@ -27,21 +27,43 @@ from __future__ import annotations
 
 from array import array
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from torch import Tensor, nn
 
 from models.aux_ids import AuxLayerIds
+from models.batch import FeatureBatch, TokenBatch
+from models.sglang_preflight import INSTALL_HINT, check_target, choose_attention_backend, read_target_shape
 from models.target import TargetInfo
-from serving.sglang_preflight import INSTALL_HINT, check_target, choose_attention_backend, read_target_shape
-from trainer.batch import FeatureBatch, TokenBatch
-
-if TYPE_CHECKING:
-    from trainer.target_factory import SGLangTarget
 
 SGLANG_VERSION = "0.5.14"  # the ModelRunner / ScheduleBatch API this module drives
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+@dataclass(frozen=True)
+class SGLangTarget:
+    """The recipe of one tensor-parallel rank of a target in SGLang (``SGLangTargetEngine``, docs/SGLANG.md).
+
+    The ``tp_size`` engine processes of a group (consecutive local ranks) each hold one of these
+    with their own ``tp_rank`` and the group's ``dist_port``; ``trainer.sources.sglang_recipe``
+    derives both from the config and the local rank.
+    """
+
+    path: str  # local model dir (config.json; weights unless load_format is dummy)
+    aux_layer_ids: tuple[int, ...] | None = None  # output of decoder layer k; None: [1, N//2-1, N-4]
+    dtype: torch.dtype = torch.bfloat16
+    tp_size: int = 1
+    tp_rank: int = 0
+    dist_port: int = 29650  # the group's rendezvous port on 127.0.0.1
+    mem_fraction_static: float = 0.5  # of the GPU memory free at start: weights + KV pool
+    attention_backend: str | None = None  # None: fa3 on Hopper where sgl_kernel carries it, else triton (models.sglang_preflight)
+    load_format: str = "auto"  # auto | dummy (random weights, for benchmarks)
+    max_total_tokens: int | None = None  # KV pool tokens; None: what mem_fraction_static leaves
+
+    def build(self, device: torch.device) -> SGLangTargetEngine:
+        return SGLangTargetEngine.start(self, device)
 
 
 def import_sglang():
@@ -98,7 +120,7 @@ def check_aux_width(aux: Tensor | None, info: TargetInfo, version: str) -> None:
 class SGLangTargetEngine:
     """One tensor-parallel rank of a frozen SGLang target that hands out aux + final hidden states."""
 
-    def __init__(self, runner, info: TargetInfo, recipe: "SGLangTarget", version: str):
+    def __init__(self, runner, info: TargetInfo, recipe: SGLangTarget, version: str):
         self.runner, self.info, self.version = runner, info, version
         self.tp_size, self.tp_rank = recipe.tp_size, recipe.tp_rank
         self.device = torch.device("cuda", runner.gpu_id)
@@ -107,7 +129,7 @@ class SGLangTargetEngine:
         _logits_processor(runner.model).register_forward_pre_hook(self._keep_final, with_kwargs=True)
 
     @classmethod
-    def start(cls, recipe: "SGLangTarget", device: torch.device) -> "SGLangTargetEngine":
+    def start(cls, recipe: SGLangTarget, device: torch.device) -> "SGLangTargetEngine":
         """Preflight (from source), then load the target into a ModelRunner with aux capture on."""
         sglang = import_sglang()
         shape = read_target_shape(recipe.path)
@@ -200,7 +222,7 @@ def _request(rid: int, doc: list[int]):
     return req
 
 
-def _model_runner(recipe: "SGLangTarget", attention_backend: str, device: torch.device):
+def _model_runner(recipe: SGLangTarget, attention_backend: str, device: torch.device):
     """The ModelRunner of this TP rank, weights loaded and KV pools allocated (bench_one_batch.load_model)."""
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.entrypoints.engine import _set_envs_and_config

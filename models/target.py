@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, 
 
 from models.attention import document_causal_mask  # noqa: E402
 from models.aux_ids import AuxLayerIds  # noqa: E402
-from trainer.batch import FeatureBatch, TokenBatch  # noqa: E402
+from models.batch import FeatureBatch, TokenBatch  # noqa: E402
 
 
 @dataclass(frozen=True)

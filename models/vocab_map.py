@@ -1,4 +1,4 @@
-"""The draft vocabulary: which target tokens the draft's ``lm_head`` can emit (DESIGN contract 4).
+"""The draft vocabulary: which target tokens the draft's ``lm_head`` can emit.
 
 The draft predicts over ``V_d`` tokens, the most frequent target tokens under the loss
 mask. Two tensors describe the map, in the layout SGLang and SpecForge use:
@@ -66,7 +66,7 @@ class VocabMap:
         return VocabMap(self.d2t.to(device), self.t2d.to(device))
 
     def validate(self, where: str = "built map", counts: Tensor | None = None) -> "VocabMap":
-        """Check every invariant of DESIGN contract 4; ValueError naming ``where`` otherwise.
+        """Check every invariant (listed below); ValueError naming ``where`` otherwise.
 
         Invariants: ``d2t`` int64 1-D non-empty; ``t2d`` bool 1-D; ``V_d <= V_t``;
         ``d2t + arange`` within ``[0, V_t)`` and strictly increasing; ``t2d.sum() == V_d``;

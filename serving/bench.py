@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from serving.formats import DEFAULT_SPECULATIVE_TOKENS
 from serving.launch import ServerError
 from serving.prompts import PromptSpec, read_prompt_file
 
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", help="launch mode: target model")
     p.add_argument("--draft", help="launch mode: export dir for the engine")
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--num-steps", type=int, default=5)
+    p.add_argument("--num-steps", type=int, default=DEFAULT_SPECULATIVE_TOKENS)
     p.add_argument("--no-cuda-graph", action="store_true")
     p.add_argument("--launch-timeout", type=float, default=900.0)
     p.add_argument("--log-dir", default="bench-logs")

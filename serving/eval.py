@@ -1,9 +1,9 @@
 """``python -m serving.eval EXPORT_DIR``: acceptance length of an exported draft, measured by
-real greedy speculative decoding against the transformers target (DESIGN contract 6).
+real greedy speculative decoding against the transformers target (the number a draft is judged by).
 
 The draft is loaded from the export directory (the bf16 weights an engine would load),
-fed the way SGLang feeds it (``serving/draft_runner.py``), and the target verifies each
-chain of k draft tokens in one forward (``serving/spec_decode.py``). Reported:
+fed the way SGLang feeds it (``serving/speculative/draft_runner.py``), and the target verifies each
+chain of k draft tokens in one forward (``serving/speculative/decode.py``). Reported:
 
 * ``accept_len`` τ: tokens per target verify forward (1 = nothing accepted, k + 1 = all);
 * ``accept_rate[i]``: fraction of verify steps that accepted at least i + 1 draft tokens
@@ -27,13 +27,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from serving.draft_runner import DraftRunner
 from serving.export import load_export
-from serving.formats import read_export_config
-from serving.formats import DEFAULT_SPECULATIVE_TOKENS
-from serving.prompts import PromptSpec, ask, prompts_from_conversations, read_prompt_file, render
-from serving.spec_decode import Generation, speculative_generate
-from serving.target_runner import FEATURES, TargetRunner, greedy_generate
+from serving.formats import DEFAULT_SPECULATIVE_TOKENS, read_export_config
+from serving.prompts import PromptSpec, ask, read_prompt_file, render, stop_ids_of
+from serving.speculative.decode import Generation, speculative_generate
+from serving.speculative.draft_runner import DraftRunner
+from serving.speculative.target_runner import FEATURES, TargetRunner, greedy_generate
 
 
 @dataclass
@@ -112,15 +111,6 @@ class EvalResult:
         return "\n".join(lines)
 
 
-def stop_token_ids(tokenizer, model) -> set[int]:
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    extra = getattr(model.generation_config, "eos_token_id", None)
-    ids |= set(extra) if isinstance(extra, (list, tuple)) else ({extra} if extra is not None else set())
-    if not ids:
-        raise ValueError("the target defines no end-of-sequence token: generation could not stop")
-    return ids
-
-
 def evaluate(
     target: TargetRunner, draft: DraftRunner, tokenizer, prompts: list[PromptSpec], k: int, max_new_tokens: int,
     check_greedy: bool = False,
@@ -129,7 +119,7 @@ def evaluate(
     if not prompts:
         raise ValueError("no prompts to evaluate on")
     device = next(target.model.parameters()).device
-    stops, tally, mismatches, checked, turns = stop_token_ids(tokenizer, target.model), Tally(k), [], 0, 0
+    stops, tally, mismatches, checked, turns = set(stop_ids_of(target.model.generation_config, tokenizer)), Tally(k), [], 0, 0
     start = time.perf_counter()
 
     def answer(messages) -> str:
@@ -180,21 +170,11 @@ def _shared_embedding(model, parsed):
 # --------------------------------------------------------------------------- CLI
 
 
-def _heldout_prompts(n: int, seed: int, fraction: float) -> list[PromptSpec]:
-    from trainer.data import read_chatterbot, split_holdout  # the training split: never seen in training
-
-    convs, _ = read_chatterbot(("english",))
-    _, held = split_holdout(convs, fraction, seed)
-    return prompts_from_conversations(held, limit=n)
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m serving.eval", description=__doc__.split("\n\n")[0])
     p.add_argument("export_dir", type=Path)
     p.add_argument("--target", type=Path, default=None, help="target transformers dir or .gguf (default: the embedded target)")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompts", type=Path, help="jsonl with prompt / messages / turns")
-    src.add_argument("--heldout", type=int, metavar="N", help="N held-out chatterbot conversations (the training split's)")
+    p.add_argument("--prompts", type=Path, required=True, help="jsonl with prompt / messages / turns (a run's: RUN/eval_prompts.jsonl)")
     p.add_argument("--limit", type=int, default=None, help="at most this many prompts from --prompts")
     p.add_argument("--k", type=int, default=None, help="draft tokens per cycle (default: the export's)")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -203,8 +183,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a busy machine)")
-    p.add_argument("--seed", type=int, default=0, help="held-out split seed (trainer.seed)")
-    p.add_argument("--holdout-fraction", type=float, default=0.1)
     p.add_argument("--json", type=Path, default=None, help="write the result here")
     return p
 
@@ -218,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     try:
         target_path = args.target if args.target is not None else embedded_target_dir()
-        prompts = read_prompt_file(args.prompts, args.limit) if args.prompts else _heldout_prompts(args.heldout, args.seed, args.holdout_fraction)
+        prompts = read_prompt_file(args.prompts, args.limit)
         print(f"serving eval: loading the target {target_path} ({args.dtype}, {args.device})", file=sys.stderr, flush=True)
         engine = HFTargetEngine.from_path(target_path, device=args.device, dtype=getattr(torch, args.dtype))
         result = evaluate_export(

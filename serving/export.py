@@ -1,4 +1,5 @@
-"""Write and read export directories for SGLang and vLLM (DESIGN contracts 1, 3, 4, 5).
+"""Write and read export directories for SGLang and vLLM: aux ids in each engine's numbering, the
+weight names each engine loads, a checked vocab map, and the feedback state the draft was trained on.
 
 An export is a directory with ``config.json`` and ``model.safetensors``; the two formats
 and the engine facts behind them are described in ``serving/formats.py``. What the writer

@@ -34,6 +34,8 @@ import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from serving.formats import DEFAULT_SPECULATIVE_TOKENS
+
 ENGINES = ("sglang", "vllm")
 READY_PATHS = {"sglang": "/health_generate", "vllm": "/health"}
 
@@ -45,7 +47,7 @@ class ServerSpec:
     draft: str | None = None  # export dir for this engine; None: the target alone (baseline)
     host: str = "127.0.0.1"
     port: int = 30000
-    num_steps: int = 5  # draft tokens per chain: SGLang --speculative-num-steps, vLLM num_speculative_tokens
+    num_steps: int = DEFAULT_SPECULATIVE_TOKENS  # draft tokens per chain: SGLang --speculative-num-steps, vLLM num_speculative_tokens
     topk: int = 1  # SGLang --speculative-eagle-topk (tree width); vLLM drafts a chain
     num_draft_tokens: int | None = None  # SGLang --speculative-num-draft-tokens (default: num_steps + 1)
     tp: int = 1
@@ -214,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft", default=None, help="export dir for this engine; omit for the target alone")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--num-steps", type=int, default=5)
+    p.add_argument("--num-steps", type=int, default=DEFAULT_SPECULATIVE_TOKENS)
     p.add_argument("--topk", type=int, default=1)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--mem-fraction", type=float, default=None)

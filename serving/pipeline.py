@@ -1,6 +1,6 @@
 """Export -> verify -> evaluate, in one call: what the training loop runs every N steps and
-at the end (issue 6, item 4), so ``eval/accept_len`` is measured on the exported checkpoint
-loaded back from disk, never on the in-memory draft (DESIGN contract 6).
+at the end, so ``eval/accept_len`` is measured on the exported checkpoint
+loaded back from disk, never on the in-memory draft.
 """
 
 from __future__ import annotations

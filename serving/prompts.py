@@ -8,16 +8,22 @@ Each line is one JSON object with exactly one of:
 * ``"turns": ["first question", "follow-up", ...]``: MT-bench style; each turn is asked
   after the model's own answer to the previous one.
 
+A ``messages`` record may add ``"follow_ups": ["later user turn", ...]``, asked like the later
+``turns`` (a held-out conversation with a system message and several user turns).
+
 All are rendered with the target tokenizer's chat template and a generation prompt.
+A reply ends at one of ``stop_ids_of``: the generation config's eos ids and the tokenizer's
+(the one stop rule of the serving eval and of regenerate / synthesize).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.data.files import json_lines
+from serving.jsonl import json_lines
 
 Message = dict[str, str]
 ROLES = ("system", "user", "assistant")
@@ -60,7 +66,10 @@ def parse_prompt(obj: object, where: str) -> PromptSpec:
     messages = tuple(_message(m, where) for m in value)
     if messages[-1]["role"] != "user":
         raise ValueError(f"{where}: 'messages' must end with a user turn (the model answers it)")
-    return PromptSpec(messages)
+    follow_ups = obj.get("follow_ups", [])
+    if not isinstance(follow_ups, list) or not all(isinstance(t, str) and t.strip() for t in follow_ups):
+        raise ValueError(f"{where}: 'follow_ups' must be a list of non-empty strings")
+    return PromptSpec(messages, tuple(follow_ups))
 
 
 def read_prompt_file(path: str | Path, limit: int | None = None) -> list[PromptSpec]:
@@ -78,6 +87,22 @@ def read_prompt_file(path: str | Path, limit: int | None = None) -> list[PromptS
     if not specs:
         raise ValueError(f"{path}: no prompts")
     return specs
+
+
+def prompt_record(spec: PromptSpec) -> dict:
+    """The jsonl record ``parse_prompt`` reads back as ``spec``."""
+    if len(spec.context) == 1 and spec.context[0]["role"] == "user":
+        first = spec.context[0]["content"]
+        return {"turns": [first, *spec.follow_ups]} if spec.follow_ups else {"prompt": first}
+    return {"messages": list(spec.context)} | ({"follow_ups": list(spec.follow_ups)} if spec.follow_ups else {})
+
+
+def write_prompt_file(specs: list[PromptSpec], path: str | Path) -> Path:
+    """``specs`` as a prompt file (one record a line) that ``read_prompt_file`` reads back equal."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(prompt_record(s), ensure_ascii=False) + "\n" for s in specs), encoding="utf-8")
+    return path
 
 
 def prompts_from_conversations(conversations, limit: int | None = None) -> list[PromptSpec]:
@@ -111,3 +136,14 @@ def render(tokenizer, messages: list[Message]) -> list[int]:
         raise ValueError(f"tokenizer {type(tokenizer).__name__} has no chat template")
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def stop_ids_of(generation_config, tokenizer) -> list[int]:
+    """The ids that end a reply: the generation config's eos ids and the tokenizer's eos."""
+    ids = generation_config.eos_token_id if generation_config is not None else None
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    if not ids:
+        raise ValueError("the target names no end-of-sequence token: generation could not stop")
+    return ids

@@ -7,7 +7,7 @@ The checks, each a row of the problem table (exit code 1 when there is any):
 * ``format``   the config is this engine's format and parses (``serving/formats.py``);
 * ``weights``  the engine's loader, replayed (``serving/loaders.py``), consumes every tensor,
   sets every parameter, and every shape matches the config;
-* ``vocab``    ``d2t`` / ``t2d`` satisfy DESIGN contract 4;
+* ``vocab``    ``d2t`` / ``t2d`` satisfy the vocab map's invariants (``models/vocab_map.py``);
 * ``layers``   the aux layer ids are in range for the target, in the engine's semantics;
 * ``target``   the target architecture captures aux hidden states in this engine
   (``serving/aux_capture_table.py``), its widths and vocab match the draft, and the draft's
@@ -29,7 +29,7 @@ from safetensors import SafetensorError, safe_open
 
 from models.target_config import read_text_config
 from models.vocab_map import VocabMap
-from serving.aux_support import aux_capture_support
+from models.aux_support import aux_capture_support
 from serving.formats import FORMATS, CONFIG_FILE, WEIGHTS_FILE, ExportConfig, format_named, format_of, read_config_file
 from serving.loaders import Replay
 

@@ -7,9 +7,9 @@ import torch
 import wandb_workspaces.reports.v2 as wr
 import wandb_workspaces.workspaces as ws
 
-from trainer import metrics as M
 from trainer.dashboard import build_workspace, main
-from trainer.panels import sections
+from trainer.report import metrics as M
+from trainer.report.panels import sections
 
 
 def _panel_metrics(panel) -> list[str]:

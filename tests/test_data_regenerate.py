@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from tests.tiny_generator import save_tiny_generator
-from trainer import gen_backend as G
 from trainer import regenerate as R
 from trainer.data import read_source
+from trainer.datagen import gen_backend as G
 
 CONVS = [
     [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}],

@@ -1,4 +1,5 @@
-"""Speculative-decoding evaluation on the real embedded target (issue 6, field failures a/b).
+"""Speculative-decoding evaluation on the real embedded target: the draft
+runner feeds back what training unrolls, and decoding equals plain greedy decoding.
 
 The draft is fitted in the test on the target's own greedy answers to the evaluation
 prompts (self-distillation with the real TTT objective, no DeepSpeed): a wiring test, not
@@ -11,20 +12,30 @@ import json
 import pytest
 import torch
 
+from models.batch import TokenBatch
 from models.draft import DraftShape, Eagle3Draft, draft_shape_for
 from models.embedded import embedded_target_dir
 from models.target import HFTargetEngine, load_tokenizer
 from models.vocab_map import build_vocab_map, count_tokens
-from serving.draft_runner import DraftRunner
-from serving.eval import evaluate_export, main as eval_main, stop_token_ids
+from serving.eval import evaluate_export
+from serving.eval import main as eval_main
 from serving.export import export_both, load_export
 from serving.formats import ExportSpec, read_export_config
 from serving.pipeline import export_verify_eval
-from serving.prompts import PromptSpec, ask, parse_prompt, read_prompt_file, render
-from serving.spec_decode import speculative_generate
-from serving.target_runner import TargetRunner, greedy_generate
+from serving.prompts import (
+    PromptSpec,
+    ask,
+    parse_prompt,
+    prompts_from_conversations,
+    read_prompt_file,
+    render,
+    stop_ids_of,
+    write_prompt_file,
+)
+from serving.speculative.decode import speculative_generate
+from serving.speculative.draft_runner import DraftRunner
+from serving.speculative.target_runner import TargetRunner, greedy_generate
 from serving.verify import verify_export
-from trainer.batch import TokenBatch
 from trainer.ttt import target_labels, ttt_unroll
 
 QUESTIONS = ["What is the capital of France?", "Tell me a joke about computers.", "How do I boil an egg?", "Why is the sky blue?"]
@@ -53,7 +64,7 @@ def target(one_thread):
 def references(target):
     """Prompt ids and plain greedy answers of the target (also the fitting data)."""
     engine, tokenizer, _ = target
-    runner, stops = TargetRunner(engine.model, engine.info.aux_layer_ids), stop_token_ids(tokenizer, engine.model)
+    runner, stops = TargetRunner(engine.model, engine.info.aux_layer_ids), set(stop_ids_of(engine.model.generation_config, tokenizer))
     out = []
     for q in QUESTIONS:
         prompt = render(tokenizer, [{"role": "user", "content": q}])
@@ -114,7 +125,7 @@ def test_exported_draft_verifies_and_decodes_exactly_greedy_with_tau_above_one(t
     for name in ("sglang", "vllm"):
         assert verify_export(fitted[name], name, path).ok
     runner, draft = _runners(engine, fitted["sglang"])
-    stops = stop_token_ids(tokenizer, engine.model)
+    stops = set(stop_ids_of(engine.model.generation_config, tokenizer))
     accepted = []
     for prompt, greedy in references:
         gen = speculative_generate(runner, draft, torch.tensor(prompt), K, NEW_TOKENS, stops)
@@ -191,6 +202,21 @@ def test_prompt_formats_and_errors(tmp_path):
     (tmp_path / "bad.jsonl").write_text("{not json\n")
     with pytest.raises(ValueError, match="bad.jsonl:1: not valid JSON"):
         read_prompt_file(tmp_path / "bad.jsonl")
+
+
+def test_written_prompts_read_back_equal(tmp_path):
+    conversations = [
+        [{"role": "user", "content": "one"}],
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "again"}],
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "s"}],
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "s"}, {"role": "assistant", "content": "a"},
+         {"role": "user", "content": "more"}],
+    ]  # fmt: skip
+    specs = prompts_from_conversations(conversations)
+    assert [s.turns for s in specs] == [1, 2, 1, 2]
+    assert read_prompt_file(write_prompt_file(specs, tmp_path / "eval_prompts.jsonl")) == specs
+    with pytest.raises(ValueError, match="follow_ups"):
+        parse_prompt({"messages": [{"role": "user", "content": "q"}], "follow_ups": [""]}, "x.jsonl:1")
 
 
 def test_later_turns_see_the_generated_answers():

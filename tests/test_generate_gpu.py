@@ -13,8 +13,8 @@ pytest.importorskip("sglang")
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from models.target import load_tokenizer  # noqa: E402
-from trainer import gen_backend as G  # noqa: E402
 from trainer import regenerate as R  # noqa: E402
+from trainer.datagen import gen_backend as G  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -11,13 +11,12 @@ import pytest
 import torch
 
 from models.attention import ttt_attention
+from models.batch import TokenBatch, document_positions
 from models.target import HFTargetEngine
-from trainer.batch import TokenBatch, document_positions
-from trainer.data import EncodedSample, PackedBatcher, first_fit_rows, next_fit_rows, pack_rows, pad_batch
-from trainer.ttt import step_valid, target_labels, ttt_unroll
-
 from tests.test_target import VOCAB, tiny_llama
 from tests.test_ttt import SHAPE, _problem
+from trainer.data import EncodedSample, PackedBatcher, first_fit_rows, next_fit_rows, pack_rows, pad_batch
+from trainer.ttt import step_valid, target_labels, ttt_unroll
 
 
 def samples(lengths, seed=0, vocab=VOCAB) -> list[EncodedSample]:

@@ -9,9 +9,9 @@ import pytest
 import yaml
 from PIL import Image
 
-from trainer import metrics as M
-from trainer.report import _verify_section, format_summary, main, write_report
-from trainer.runlog import find_wandb_files, read_metrics_jsonl, read_run, read_wandb_file
+from trainer.report import metrics as M
+from trainer.report.report import _verify_section, format_summary, main, write_report
+from trainer.report.runlog import find_wandb_files, read_metrics_jsonl, read_run, read_wandb_file
 
 K = 3
 

@@ -231,7 +231,7 @@ def test_crash_during_save_leaves_the_previous_checkpoint_whole(build, tmp_path)
 def test_engine_death_stops_the_run_with_the_cause_and_keeps_the_checkpoint(build, tmp_path):
     import threading
 
-    from trainer.engine_process import EngineError
+    from trainer.stream.engine_process import EngineError
 
     trainer = build(tiny_config("trainer.max_steps=40", "trainer.checkpoint_every=1", "engine.mode=colocated", "trainer.eval_batches=1"), tmp_path)
 

@@ -22,9 +22,9 @@ from models.draft import DraftShape
 from models.embedded import embedded_target_dir, plain_config
 from models.sglang_target import check_aux_width, documents, import_sglang, rank_span, to_rows
 from models.target import TargetInfo
-from serving.aux_support import dotted_name
+from models.aux_support import dotted_name
 from serving.formats import FORMATS, ExportSpec
-from serving.sglang_preflight import (
+from models.sglang_preflight import (
     SOURCE_ENV,
     SGLangSource,
     attention_backends,
@@ -34,15 +34,16 @@ from serving.sglang_preflight import (
     preflight,
     read_target_shape,
 )
-from serving.sglang_preflight import main as preflight_main
+from models.sglang_preflight import main as preflight_main
 from tests.sglang_tiny import is_layer, layer_errors, tiny_deepseek_v3_config
 from tests.tiny import tiny_config
-from trainer.batch import TokenBatch
+from models.batch import TokenBatch
 from trainer.dist import Parallel
-from trainer.engine_process import EngineError, failure_cause, failure_message
+from trainer.stream.engine_process import EngineError, failure_cause, failure_message
 from trainer.sources import sglang_recipe, target_recipe
-from trainer.stream import TargetSource
-from trainer.target_factory import PathTarget, SGLangTarget
+from trainer.stream.feature_stream import TargetSource
+from models.engines import PathTarget
+from models.sglang_target import SGLangTarget
 
 KIMI = "KimiK25ForConditionalGeneration"
 KIMI_IDS = [1, 29, 57]  # list(AuxLayerIds.default(61).ids), conf/target/kimi_k25.yaml

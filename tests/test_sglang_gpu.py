@@ -13,11 +13,11 @@ sglang = pytest.importorskip("sglang")
 
 from transformers import DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
+from models.batch import TokenBatch  # noqa: E402
+from models.sglang_target import SGLangTarget  # noqa: E402
 from models.target import HFTargetEngine  # noqa: E402
 from tests.sglang_tiny import is_layer, layer_errors, tiny_deepseek_v3_config  # noqa: E402
-from trainer.batch import TokenBatch  # noqa: E402
-from trainer.stream import TargetSource, open_feature_stream  # noqa: E402
-from trainer.target_factory import SGLangTarget  # noqa: E402
+from trainer.stream.feature_stream import TargetSource, open_feature_stream  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

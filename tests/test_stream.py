@@ -21,14 +21,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.batch import FeatureBatch, TokenBatch
-from trainer.data import EncodedSample, PackedBatcher
-from trainer.engine_process import EngineError
-from trainer.feature_ring import RingSpec, allocate_ring
-from trainer.stream import ColocatedStream, InProcessStream, TargetSource, open_feature_stream
-from trainer.target_factory import PathTarget
-
+from models.batch import FeatureBatch, TokenBatch
+from models.engines import PathTarget
 from tests.toy_target import VOCAB, ToyTarget, make_batches
+from trainer.data import EncodedSample, PackedBatcher
+from trainer.stream.engine_process import EngineError
+from trainer.stream.feature_ring import RingSpec, allocate_ring
+from trainer.stream.feature_stream import ColocatedStream, InProcessStream, TargetSource, open_feature_stream
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -386,7 +385,7 @@ def test_closing_the_source_mid_stream_stops_the_engine():
 TRAINER_SCRIPT = """
 import sys, time
 from tests.toy_target import VOCAB, ToyTarget, make_batches
-from trainer.stream import TargetSource, open_feature_stream
+from trainer.stream.feature_stream import TargetSource, open_feature_stream
 class Settings:
     mode, slots, slot_tokens, start_timeout_s = "colocated", 2, 64, 120.0
 source = TargetSource(ToyTarget())
@@ -440,7 +439,6 @@ def test_engine_config_modes():
 
 
 def test_bench_throughput_tiny(tmp_path):
-    sys.path.insert(0, str(ROOT))
     from launch.bench_throughput import main
 
     report = main(["--tiny", "--out", str(tmp_path / "bench.json"), "--disk-dir", str(tmp_path)])
@@ -458,7 +456,6 @@ def test_bench_throughput_tiny(tmp_path):
 
 
 def test_bench_compares_features_without_the_sglang_mode():
-    sys.path.insert(0, str(ROOT))
     from launch.bench_throughput import compare
 
     row = lambda mode, loss: {"mode": mode, "checksums": [[1.0, 2.0]], "losses": [loss]}  # noqa: E731

@@ -1,7 +1,6 @@
 """Held-out categories, the training-time cap, eval-prompt provenance, and the study runner on a
 two-point grid with a step cap (real embedded target, tiny config)."""
 
-import importlib.util
 import json
 import os
 import socket
@@ -10,13 +9,15 @@ import sys
 
 import pytest
 
-from trainer import metrics as M
+import launch.study as study
+from serving.prompts import read_prompt_file
+from tests.tiny import ROOT, TINY, tiny_config
 from trainer.config import DataConfig, DataSourceConfig, TrainConfig
 from trainer.data import first_prompt_key, read_chatterbot
 from trainer.loop import run
-from trainer.report import describe_eval_prompts
+from trainer.report import metrics as M
+from trainer.report.report import describe_eval_prompts
 from trainer.sources import Holdout
-from tests.tiny import ROOT, TINY, tiny_config
 
 CATS = ["food", "sports"]
 
@@ -53,19 +54,13 @@ def test_time_cap_stops_training_and_the_summary_names_the_eval_prompts(tmp_path
     origin = summary["eval_prompts"]
     assert origin["kind"] == "heldout" and origin["sources"] == {"chatterbot": 2} and origin["prompts"] == 2
     assert "food, sports" in origin["split"] and "food, sports" in describe_eval_prompts(origin)
+    written = read_prompt_file(tmp_path / "eval_prompts.jsonl")  # what `serving.eval --prompts` re-runs
+    assert len(written) == origin["prompts"] and sum(p.turns for p in written) == origin["turns"]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1][M.TOKENS_SEEN] == summary["tokens_seen"] and M.EVAL_ACCEPT_LEN in rows[-1]
 
 
-def _study_module():
-    spec = importlib.util.spec_from_file_location("launch_study", ROOT / "launch" / "study.py")
-    module = sys.modules["launch_study"] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_grid_file_flags_and_budget(tmp_path):
-    study = _study_module()
     grid_file = tmp_path / "grid.yaml"
     grid_file.write_text("sizes: [1, 2]\nregimes: {a: [schedule=cosine], b: [schedule=constant]}\nmax_steps: 10\noverrides: [x=1]\n")
     args = study._parser().parse_args(["--out", str(tmp_path), "--grid", str(grid_file), "--sizes", "1", "4", "--regimes", "b", "--", "y=2"])

@@ -10,14 +10,14 @@ from collections import Counter
 import pytest
 
 from tests.tiny_generator import save_tiny_generator
-from trainer import gen_backend as G
 from trainer import regenerate as R
 from trainer import synthesize
 from trainer.data import first_prompt_key, read_chatterbot, read_source
 from trainer.data.dedup import NearDupIndex, shingles
-from trainer.synth.filters import FilterSettings, clean, echoes, rejection
-from trainer.synth.instructions import Example, Planner
-from trainer.synth.pipeline import SynthSettings, Synthesizer, rejected_path
+from trainer.datagen import gen_backend as G
+from trainer.datagen.synth.filters import FilterSettings, clean, echoes, rejection
+from trainer.datagen.synth.instructions import Example, Planner
+from trainer.datagen.synth.pipeline import SynthSettings, Synthesizer, rejected_path
 
 EN = FilterSettings()
 LOOSE = FilterSettings(min_chars=1, max_chars=100_000, min_words=1, min_ascii=0.0, min_stopwords=0.0)

@@ -22,7 +22,7 @@ import models.embedded as embedded
 from models.aux_ids import AuxLayerIds
 from models.embedded import embedded_target_dir
 from models.target import HFTargetEngine
-from trainer.batch import TokenBatch
+from models.batch import TokenBatch
 
 VOCAB = 128
 

@@ -189,8 +189,8 @@ def test_the_eval_target_is_loaded_for_the_eval_only_and_freed(tmp_path, capsys)
 
 
 def test_the_engine_process_must_build_the_target_the_head_describes(tmp_path):
-    from trainer.stream import TargetSource
-    from trainer.target_factory import PathTarget
+    from models.engines import PathTarget
+    from trainer.stream.feature_stream import TargetSource
 
     saved_llama(tmp_path / "m")
     head = TargetHead.from_path(tmp_path / "m", aux_layer_ids=[0, 2, 4])  # the engine builds the default ids (1, 3, 4)

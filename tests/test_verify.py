@@ -81,7 +81,7 @@ def test_both_exports_name_the_same_physical_layers(exports, target_dir):
     ids = torch.tensor([[1, 9690, 198, 2683, 359, 253, 5356, 30, 2, 198, 1, 4093, 198]])
     with torch.no_grad():
         hidden = engine.model(input_ids=ids, output_hidden_states=True).hidden_states
-    from trainer.batch import TokenBatch
+    from models.batch import TokenBatch
 
     trained = engine.features(TokenBatch(ids, torch.ones_like(ids, dtype=torch.bool), torch.tensor([ids.shape[1]]))).aux
     at_sglang = torch.cat([hidden[k + 1] for k in sglang.engine_aux_layer_ids], dim=-1)

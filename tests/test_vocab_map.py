@@ -1,4 +1,4 @@
-"""The draft vocab map: build from counts, every invariant of DESIGN contract 4, save/load."""
+"""The draft vocab map: build from counts, every invariant (d2t offsets increasing and in range, t2d agrees), save/load."""
 
 import pytest
 import torch

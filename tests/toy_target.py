@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.batch import FeatureBatch, TokenBatch
+from models.batch import FeatureBatch, TokenBatch
 
 VOCAB = 128
 

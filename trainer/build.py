@@ -13,13 +13,13 @@ from models.vocab_map import VocabMap, build_vocab_map, count_tokens
 from serving.prompts import PromptSpec, prompts_from_conversations, read_prompt_file
 from trainer import checkpoint as ckpt
 from trainer.config import Config
-from trainer.batch import TokenBatch
+from models.batch import TokenBatch
 from trainer.data import EncodedSample, MixLoader, token_batches
 from trainer.dist import Parallel
 from trainer.flops import device_peak_tflops
 from trainer.schedule import lr_factor
 from trainer.sources import PreparedData, TargetBundle, load_target, prepare_data, target_recipe, train_batcher
-from trainer.stream import TargetSource
+from trainer.stream.feature_stream import TargetSource
 from trainer.ttt import TargetLabeler, TTTObjective
 
 

@@ -23,8 +23,8 @@ from tqdm import tqdm
 
 from serving.pipeline import export_verify_eval
 from trainer import checkpoint as ckpt
-from trainer import metrics as M
-from trainer.batch import FeatureBatch
+from trainer.report import metrics as M
+from models.batch import FeatureBatch
 from trainer.build import Built
 from trainer.config import Config
 from trainer.dist import Parallel

@@ -14,6 +14,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from serving.formats import DEFAULT_SPECULATIVE_TOKENS
+
 
 def _require(ok: bool, key: str, message: str) -> None:
     if not ok:
@@ -33,7 +35,7 @@ class DraftConfig:
     vocab_size: int = 32000  # at most the target vocab (a larger one is refused)
     ttt_steps: int = 7
     step_decay: float = 0.8
-    norm_output: bool = False  # what SGLang feeds back at draft steps > 0 (DESIGN contract 5)
+    norm_output: bool = False  # false: SGLang feeds the draft its pre-norm output back at draft steps > 0
 
     def __post_init__(self) -> None:
         _require(self.vocab_size > 0, "draft.vocab_size", "must be positive")
@@ -201,7 +203,7 @@ class TrainConfig:
     on_nan: str = "stop"  # non-finite loss or gradient: stop (keep the last checkpoint) | skip the batch
     eval_prompts: int = 16  # held-out prompts decoded speculatively at each export (real acceptance length)
     eval_prompts_file: Optional[str] = None  # a prompt jsonl (serving/prompts.py) instead of the held-out conversations
-    spec_tokens: int = 5  # draft tokens a speculative step proposes (chain), at evaluation and in the exports
+    spec_tokens: int = DEFAULT_SPECULATIVE_TOKENS  # draft tokens a speculative step proposes (chain), at evaluation and in the exports
     eval_max_new_tokens: int = 64  # tokens generated per held-out prompt at evaluation
     serve_eval: bool = True  # decode the held-out prompts speculatively at each export; false: export + verify only
     serve_eval_max_gb: Optional[float] = 64.0  # colocated: a target checkpoint larger than this is not loaded for that eval (null: no limit)

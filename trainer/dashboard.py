@@ -1,4 +1,4 @@
-"""A saved wandb workspace with StreamDraft's panels (``trainer.panels``).
+"""A saved wandb workspace with StreamDraft's panels (``trainer.report.panels``).
 
     python -m trainer.dashboard --entity E --project P [--name NAME] [--ttt-steps 7]
                                 [--spec-tokens 5] [--mix-sources chatterbot ...] [--dry-run]
@@ -15,7 +15,7 @@ from typing import Sequence
 
 from serving.formats import DEFAULT_SPECULATIVE_TOKENS
 from trainer.config import DraftConfig, WandbConfig
-from trainer.panels import X_LABEL, PanelSpec, SectionSpec, sections
+from trainer.report.panels import X_LABEL, PanelSpec, SectionSpec, sections
 
 DEFAULT_NAME = "StreamDraft"
 DEFAULT_MIX_SOURCES = ("chatterbot",)

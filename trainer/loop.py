@@ -13,9 +13,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from serving.prompts import write_prompt_file
 from trainer import checkpoint as ckpt
-from trainer import metrics as M
-from trainer.batch import FeatureBatch
+from trainer.report import metrics as M
+from models.batch import FeatureBatch
 from trainer.build import build, eval_batches
 from trainer.components import (
     END_EVAL, REPORT, SERVING_EVAL, TRAINING, UNTRAINED_EVAL, Checkpointer, Counters, MetricsLog, NonFinite, StepEnd,
@@ -23,11 +24,12 @@ from trainer.components import (
 )  # fmt: skip
 from trainer.config import Config
 from trainer.dist import Parallel, init_parallel, resolve_device
-from trainer.report import REPORT_DIR, REPORT_FILE, format_summary, write_report
-from trainer.stream import open_feature_stream
+from trainer.report.report import REPORT_DIR, REPORT_FILE, format_summary, write_report
+from trainer.stream.feature_stream import open_feature_stream
 from trainer.ttt import TTTOutput, draft_step
 
 CHECKPOINTS = "checkpoints"  # the run dir's checkpoint folder
+EVAL_PROMPTS_FILE = "eval_prompts.jsonl"  # the run dir's serving-eval prompts, a serving/prompts.py file
 log = logging.getLogger(__name__)
 
 
@@ -46,6 +48,8 @@ class Trainer:
         self.validator = Validator(cfg, b, self.par, self.run_dir, self.signals, self.metrics)
         self.components = [self.state, self.nonfinite, self.metrics, self.checkpointer, self.validator,
                            TimeCap(cfg.trainer.max_time_s, self.par.device, self.state)]  # fmt: skip
+        if self.par.is_main:  # the serving eval's prompts: `python -m serving.eval ... --prompts RUN/eval_prompts.jsonl`
+            write_prompt_file(b.prompts, self.run_dir / EVAL_PROMPTS_FILE)
         if b.resume_from:
             self.checkpointer.resume(b.resume_from)
 

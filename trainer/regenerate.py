@@ -6,7 +6,7 @@ what the target will say, not what another model once said. This reads any sourc
 turn with the target given the conversation so far (earlier assistant turns already
 regenerated), chunk by chunk: wave t of a chunk generates the t-th assistant turn of every
 conversation in it, in one call of the generation backend (``--engine``: transformers
-``generate`` in left-padded batches, or SGLang's offline engine: ``trainer.gen_backend``).
+``generate`` in left-padded batches, or SGLang's offline engine: ``trainer.datagen.gen_backend``).
 Turns after the last assistant turn are dropped (they carry no loss). The output is OpenAI-messages jsonl, which the ``openai`` source reads:
 
     {"id": "...", "messages": [...], "generation": {"finish": ["stop", "length"], ...}}
@@ -49,11 +49,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tqdm import tqdm  # noqa: E402
 
+from serving.jsonl import json_lines  # noqa: E402
 from trainer.data.conversation import Conversation  # noqa: E402
-from trainer.data.files import json_lines  # noqa: E402
 from trainer.data.sources import FORMATS, read_source  # noqa: E402
-from trainer.gen_backend import (  # noqa: E402
-    DTYPES, ENGINES, Backend, EngineSettings, GenerationSettings, default_batch_size, generate_chats, open_backend, resolve_engine,
+from trainer.datagen.gen_backend import (  # noqa: E402
+    DTYPES,
+    ENGINES,
+    Backend,
+    EngineSettings,
+    GenerationSettings,
+    default_batch_size,
+    generate_chats,
+    open_backend,
+    resolve_engine,
 )  # fmt: skip
 
 

@@ -11,9 +11,11 @@ from typing import Callable, Sequence
 import torch
 
 from models.embedded import embedded_target_dir
+from models.engines import PathTarget, TargetFactory
+from models.sglang_preflight import check_target, choose_attention_backend
+from models.sglang_target import SGLangTarget
 from models.target import HFTargetEngine, load_tokenizer
 from models.target_head import TargetHead, checkpoint_bytes
-from serving.sglang_preflight import check_target, choose_attention_backend
 from trainer.config import Config, DataConfig, DataSourceConfig, EngineConfig, TargetConfig, TrainConfig
 from trainer.data import (
     Batcher,
@@ -34,7 +36,6 @@ from trainer.data import (
 )
 from trainer.data.corpora_select import LeakCheck, first_user_turn, read_heldout_files
 from trainer.dist import Parallel
-from trainer.target_factory import PathTarget, SGLangTarget, TargetFactory
 
 
 @dataclass
@@ -114,7 +115,7 @@ def local_world_size(par: Parallel) -> int:
 def target_recipe(cfg: Config, ids: Sequence[int], dtype: torch.dtype, par: Parallel) -> TargetFactory:
     """The recipe an engine process builds the target from, per ``engine.name``. For sglang the
     preflight runs here, before any weight is loaded or any step is taken, and picks the attention
-    backend this install can run (serving/sglang_preflight.py)."""
+    backend this install can run (models/sglang_preflight.py)."""
     if cfg.engine.name == "hf":
         return PathTarget(cfg.target.path, tuple(ids), dtype)
     if par.device.type != "cuda":
@@ -147,7 +148,7 @@ class PreparedData:
 
     def report(self) -> dict:
         """The run summary's ``data`` entry: the summed counters, ``mix`` (source -> share of an
-        epoch's samples, what ``trainer.metrics.data_metrics`` logs as data/mix/<source>) and
+        epoch's samples, what ``trainer.report.metrics.data_metrics`` logs as data/mix/<source>) and
         ``sources`` (source -> its own counters)."""
         shares = {n: k / self.mix.epoch_samples for n, k in zip(self.mix.names, self.mix.quotas)}
         return self.total_stats.as_dict() | {"mix": shares, "sources": {n: s.as_dict() for n, s in self.stats.items()}}

@@ -2,11 +2,11 @@
 ``--answer``, have the target answer them (``trainer.regenerate``).
 
 Each prompt comes from a job: a category, a kind of request and a persona from
-``trainer/synth/seeds.py``, plus ``--shots`` example prompts from the **training side** of a
+``trainer/datagen/synth/seeds.py``, plus ``--shots`` example prompts from the **training side** of a
 source (default: the embedded chatterbot corpus, split exactly as the trainer splits it:
 ``--holdout-fraction``/``--split-seed`` or ``--holdout-categories``; held-out prompts are
 never shown). The generator's replies are sampled (``--temperature``), cleaned and filtered
-(length, English, refusals / meta-text: ``trainer/synth/filters.py``), and near-duplicates
+(length, English, refusals / meta-text: ``trainer/datagen/synth/filters.py``), and near-duplicates
 (MinHash + LSH, ``trainer/data/dedup.py``) of any source prompt, held-out ones included, or
 of an earlier kept prompt are dropped. A ``--follow-up-fraction`` of the kept prompts gets a
 second user turn: the target answers the prompt (greedy), and the generator writes the
@@ -21,7 +21,7 @@ batch and a restart resumes. Counts per stage are printed at the end.
         --answer outputs/synthetic/answered.jsonl          # on a GPU: SGLang's offline engine writes and answers
     python -m trainer data=synthetic data.sources.synthetic.path=outputs/synthetic/answered.jsonl
 
-The generator is a ``trainer.gen_backend`` backend (``--engine hf | sglang | auto`` and its
+The generator is a ``trainer.datagen.gen_backend`` backend (``--engine hf | sglang | auto`` and its
 options, shared with ``trainer.regenerate``); ``--batch-size`` jobs go to it at a time.
 """
 
@@ -34,13 +34,13 @@ from typing import Sequence
 
 from trainer.config import DataConfig, DataSourceConfig
 from trainer.data import FORMATS, read_chatterbot, read_source
-from trainer.gen_backend import GenerationSettings, open_backend
+from trainer.datagen.gen_backend import GenerationSettings, open_backend
+from trainer.datagen.synth.filters import FilterSettings
+from trainer.datagen.synth.instructions import Example, Planner, examples_of
+from trainer.datagen.synth.pipeline import SynthReport, SynthSettings, Synthesizer
+from trainer.datagen.synth.seeds import CATEGORIES
 from trainer.regenerate import add_engine_arguments, engine_of, generation_meta, prompt_conversations, record_id, regenerate
 from trainer.sources import Holdout, chatterbot_languages_of
-from trainer.synth.filters import FilterSettings
-from trainer.synth.instructions import Example, Planner, examples_of
-from trainer.synth.pipeline import SynthReport, SynthSettings, Synthesizer
-from trainer.synth.seeds import CATEGORIES
 
 
 def source_side(args: argparse.Namespace) -> tuple[tuple[Example, ...], list[tuple[str, str]], str]:

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from models.draft import Eagle3Draft
-from trainer.batch import FeatureBatch, token_positions
+from models.batch import FeatureBatch, token_positions
 from trainer.soft_ce import soft_cross_entropy
 
 

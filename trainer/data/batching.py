@@ -19,7 +19,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from trainer.batch import TokenBatch
+from models.batch import TokenBatch
 from trainer.data.chat import EncodedSample
 
 Group = tuple[int, ...]  # indices of the samples that form one micro-batch

@@ -7,7 +7,7 @@ the user turn.
 
 1. **Filters** (``PromptFilter``; counted per stage): the first turn, with the system message
    when there is one, must have ``min_chars``..``max_chars`` characters and ``min_words``
-   words, and be English (``trainer.synth.filters.is_english`` at ``min_stopwords``); a user
+   words, and be English (``trainer.datagen.synth.filters.is_english`` at ``min_stopwords``); a user
    turn under a system message is checked again on its own: ``min_ascii`` of its letters
    ASCII, and not two or more German / French / Spanish / Italian / Dutch function words
    outnumbering English ones (an exam question in Italian under an English instruction is dropped; a
@@ -35,7 +35,7 @@ from typing import Iterable, Iterator, Sequence
 from trainer.data.corpora import WHEELS, CorpusCounts, GroupCap, Prompt, corpus_prompts, default_wheel_dir, open_wheel, pinned_wheel
 from trainer.data.dedup import NearDupIndex, words
 from trainer.data.split import prompt_key
-from trainer.synth.filters import FOREIGN_STOPWORDS, STOPWORDS, FilterSettings, is_english
+from trainer.datagen.synth.filters import FOREIGN_STOPWORDS, STOPWORDS, FilterSettings, is_english
 
 THRESHOLD = 0.7  # Jaccard of word-bigram sets at or above which two prompts are one
 PER_TASK_CAP = 100  # evals prompts kept a task
@@ -168,8 +168,8 @@ def first_user_turn(messages: Iterable[dict]) -> str:
 
 def read_heldout_files(paths: Iterable[str | Path]) -> list[tuple[str, str]]:
     """(``file:line``, first user turn) of every prompt in prompt files (serving/prompts.py)."""
+    from serving.jsonl import json_lines
     from serving.prompts import parse_prompt  # serving reads trainer.data.files: imported here, not at module load
-    from trainer.data.files import json_lines
 
     out = []
     for path in paths:

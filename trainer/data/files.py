@@ -14,21 +14,14 @@ error and raises ``ValueError`` naming file:line:column.
 
 from __future__ import annotations
 
-import gzip
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from serving.jsonl import RawRecord, json_lines
+
 FILE_SUFFIXES = (".json", ".jsonl", ".parquet")
 HF_DISK_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
-
-
-@dataclass(frozen=True)
-class RawRecord:
-    where: str  # "file:line" (or "file:row N" for parquet / datasets rows)
-    value: object  # the decoded record; None when error is set
-    error: str | None = None  # why the record could not be decoded
 
 
 def local_path(path: str | Path, key: str) -> Path:
@@ -75,23 +68,6 @@ def _starts_with_bracket(path: Path) -> bool:
             if chunk.strip():
                 return chunk.lstrip().startswith("[")
     return False
-
-
-def json_lines(path: Path) -> Iterator[RawRecord]:
-    """One record a line, read as a stream (a large .jsonl is never held whole); a ``.gz`` file
-    is read through gzip."""
-    path = Path(path)
-    with (gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")) as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as e:
-                yield RawRecord(where, None, f"not valid JSON ({e.msg} at column {e.colno})")
-                continue
-            yield RawRecord(where, value)
 
 
 def _json_array(path: Path, text: str) -> Iterator[RawRecord]:

@@ -31,7 +31,7 @@ import json
 import random
 from typing import Iterator, Mapping, Sequence
 
-from trainer.batch import TokenBatch
+from models.batch import TokenBatch
 from trainer.data.batching import Batcher, Group, check_rank, shard
 from trainer.data.chat import EncodedSample
 from trainer.data.mix import Mix, Ref

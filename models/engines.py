@@ -5,7 +5,8 @@ device (``build(device)``). A recipe must be picklable by reference to an import
 class; the engine that ``build`` returns needs only ``features(TokenBatch) -> FeatureBatch``,
 its feature ``dtype`` and an ``info`` with ``hidden_size`` and ``aux_layer_ids``
 (``models.target.TargetInfo``): ``models.target.HFTargetEngine`` is one, and
-``models.sglang_target.SGLangTargetEngine`` (one tensor-parallel rank of an SGLang target) another.
+``models.sglang_target.SGLangTargetEngine`` (one tensor-parallel rank of an SGLang target) another;
+its recipe, ``models.sglang_target.SGLangTarget``, lives beside it.
 
 Engines are imported inside ``build``: an engine process pays for transformers or SGLang only
 when it builds that kind of target.
@@ -19,7 +20,7 @@ from typing import Protocol
 
 import torch
 
-from trainer.batch import FeatureBatch, TokenBatch
+from models.batch import FeatureBatch, TokenBatch
 
 
 class FeatureEngine(Protocol):
@@ -79,29 +80,3 @@ class RandomTarget:
             model = AutoModelForCausalLM.from_config(config, dtype=self.dtype, attn_implementation=self.attn_implementation)
         ids = list(self.aux_layer_ids) if self.aux_layer_ids is not None else None
         return HFTargetEngine(model, ids, device=device, dtype=self.dtype, source=f"random:{model_type}:seed{self.seed}")
-
-
-@dataclass(frozen=True)
-class SGLangTarget:
-    """One tensor-parallel rank of a target in SGLang (``models.sglang_target``, docs/SGLANG.md).
-
-    The ``tp_size`` engine processes of a group (consecutive local ranks) each hold one of these
-    with their own ``tp_rank`` and the group's ``dist_port``; ``trainer.sources.sglang_recipe``
-    derives both from the config and the local rank.
-    """
-
-    path: str  # local model dir (config.json; weights unless load_format is dummy)
-    aux_layer_ids: tuple[int, ...] | None = None  # output of decoder layer k; None: [1, N//2-1, N-4]
-    dtype: torch.dtype = torch.bfloat16
-    tp_size: int = 1
-    tp_rank: int = 0
-    dist_port: int = 29650  # the group's rendezvous port on 127.0.0.1
-    mem_fraction_static: float = 0.5  # of the GPU memory free at start: weights + KV pool
-    attention_backend: str | None = None  # None: fa3 on Hopper where sgl_kernel carries it, else triton (serving.sglang_preflight)
-    load_format: str = "auto"  # auto | dummy (random weights, for benchmarks)
-    max_total_tokens: int | None = None  # KV pool tokens; None: what mem_fraction_static leaves
-
-    def build(self, device: torch.device) -> FeatureEngine:
-        from models.sglang_target import SGLangTargetEngine
-
-        return SGLangTargetEngine.start(self, device)

@@ -4,9 +4,9 @@ Two modes (``engine.mode``), one interface (``open_feature_stream``):
 
 - ``inprocess``: each token batch goes through the target on the trainer's device when
   the trainer asks for it (``feature_stream``);
-- ``colocated``: an engine process that the trainer owns (``trainer.engine_process``)
+- ``colocated``: an engine process that the trainer owns (``trainer.stream.engine_process``)
   runs the target on the same device, ahead of the trainer, and fills a ring of shared
-  slots (``trainer.feature_ring``); the trainer reads features where the engine wrote
+  slots (``trainer.stream.feature_ring``); the trainer reads features where the engine wrote
   them. Nothing is copied between the processes and nothing touches the disk.
 
 Both streams are iterators and context managers::
@@ -36,10 +36,10 @@ from typing import Protocol
 
 import torch
 
-from trainer.batch import FeatureBatch, TokenBatch
-from trainer.engine_process import Cancelled, EngineError, EngineProcess, Ready, concrete_device
-from trainer.feature_ring import Slot
-from trainer.target_factory import FeatureEngine, TargetFactory
+from models.batch import FeatureBatch, TokenBatch
+from models.engines import FeatureEngine, TargetFactory
+from trainer.stream.engine_process import Cancelled, EngineError, EngineProcess, Ready, concrete_device
+from trainer.stream.feature_ring import Slot
 
 MODES = ("inprocess", "colocated")
 

@@ -2,7 +2,7 @@
 
 The trainer starts it (``EngineProcess``, spawn start method, one per trainer device),
 owns it and stops it. The engine process builds its own target from a picklable recipe
-(``trainer.target_factory``), reports the target's ``TargetInfo``, receives the feature
+(``models.engines``), reports the target's ``TargetInfo``, receives the feature
 ring the trainer allocated (once), then serves token batches in the order they arrive.
 
 Messages (small dataclasses over two ``multiprocessing`` queues; features never travel
@@ -14,7 +14,7 @@ through them, only slot indices):
 The engine computes a batch only when it holds a free slot (backpressure: with every slot
 full it waits for ``Free``), copies the features into the slot and sends ``Ready``. On a
 GPU the copy first waits (GPU side) for the slot's ``free`` event and is followed by the
-slot's ``ready`` event (see ``trainer.feature_ring``).
+slot's ``ready`` event (see ``trainer.stream.feature_ring``).
 
 Failure and shutdown:
 - any exception in the engine process is sent to the trainer as ``Failed`` with the
@@ -52,9 +52,9 @@ import torch
 import torch.multiprocessing as tmp  # registers the CUDA-IPC / shared-memory pickling of tensors and events
 from torch import Tensor
 
-from trainer.batch import TokenBatch
-from trainer.feature_ring import RingSpec, Slot, allocate_ring
-from trainer.target_factory import FeatureEngine, TargetFactory
+from models.batch import TokenBatch
+from models.engines import FeatureEngine, TargetFactory
+from trainer.stream.feature_ring import RingSpec, Slot, allocate_ring
 
 POLL_S = 0.5  # how often a waiting side checks that the other side is alive
 STOP_TIMEOUT_S = 30.0  # from Stop to terminate
@@ -389,7 +389,7 @@ class EngineProcess:
 
     Starting builds the target in the child and waits (up to ``start_timeout_s``) for its
     ``TargetInfo``; the trainer then allocates the ring (``slots`` x ``slot_tokens``,
-    widths from the info) on ``device`` and sends it once. Streams (``trainer.stream``)
+    widths from the info) on ``device`` and sends it once. Streams (``trainer.stream.feature_stream``)
     use ``submit`` / ``receive`` / ``release`` / ``cancel``; one stream at a time.
     """
 

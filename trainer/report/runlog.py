@@ -2,7 +2,7 @@
 
 Sources, in order of preference:
 
-1. ``RUN_DIR/metrics.jsonl`` (``trainer.metrics.MetricsSink``) plus ``RUN_DIR/summary.json``;
+1. ``RUN_DIR/metrics.jsonl`` (``trainer.report.metrics.MetricsSink``) plus ``RUN_DIR/summary.json``;
 2. a wandb run under ``RUN_DIR/wandb/`` (offline or online), read from its ``run-<id>.wandb``
    transaction log. wandb 0.31 writes history, summary and config only there (``files/``
    holds just the console output and requirements), and ships no Python reader for it, so
@@ -26,8 +26,8 @@ from typing import Any
 
 import yaml
 
-from trainer import metrics as M
-from trainer.data.files import json_lines
+from serving.jsonl import json_lines
+from trainer.report import metrics as M
 
 SUMMARY_FILE = "summary.json"
 HYDRA_CONFIG = Path(".hydra") / "config.yaml"

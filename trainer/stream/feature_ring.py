@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from trainer.batch import FeatureBatch, TokenBatch
+from models.batch import FeatureBatch, TokenBatch
 
 
 @dataclass(frozen=True)
@@ -56,11 +56,6 @@ class RingSpec:
             raise ValueError(f"feature widths must be positive, got aux {self.aux_width}, hidden {self.hidden}")
         if not self.dtype.is_floating_point:
             raise ValueError(f"features must be floating point, got {self.dtype}")
-
-    def slot_bytes(self) -> int:
-        """Bytes of one slot: features plus token tensors."""
-        feature = self.tokens * (self.aux_width + self.hidden) * torch.empty((), dtype=self.dtype).element_size()
-        return feature + self.tokens * (8 + 1 + 8 + 8)
 
 
 @dataclass

@@ -19,7 +19,7 @@ import random
 from dataclasses import dataclass
 from typing import Sequence
 
-from trainer.synth.seeds import PERSONAS, TASKS
+from trainer.datagen.synth.seeds import PERSONAS, TASKS
 
 MAX_ANSWER_CHARS = 300  # of an answer shown to the follow-up writer
 SHOT_REQUEST = "Write a message that someone could send to a chatbot."

@@ -1,7 +1,7 @@
 """The panels people look at, in one place: the wandb workspace (``trainer.dashboard``) and
 the offline PNG report (``trainer.report``) both draw exactly these sections and panels.
 
-Metric names come from ``trainer.metrics``; a panel only arranges them.
+Metric names come from ``trainer.report.metrics``; a panel only arranges them.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
-from trainer import metrics as M
+from trainer.report import metrics as M
 
 X_LABEL = "optimizer step"
 

@@ -1,5 +1,5 @@
 """Metric names (one place, shared by the logger, the wandb dashboard and the offline report)
-and the wandb run. ``trainer.panels`` arranges these names into the panels both draw."""
+and the wandb run. ``trainer.report.panels`` arranges these names into the panels both draw."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ TRAIN_TIME = "perf/train_time_s"  # this process's training seconds so far: stre
 EPOCH = "epoch"
 
 # real speculative decoding against the target with the exported draft loaded back from disk
-# (DESIGN contract 6; serving.eval / serving.pipeline)
+# (serving.eval / serving.pipeline): the number a draft is judged by
 EVAL_ACCEPT_LEN = "eval/accept_len"  # tau: tokens per target verify forward, bonus included (1 = none accepted)
 EVAL_SPEC_CYCLES = "eval/spec_cycles"  # verify forwards the measurement ran
 EVAL_VERIFY_PROBLEMS = "eval/verify_problems"  # export verification problems, SGLang + vLLM (expect 0)

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from serving.draft_runner import DraftRunner
-from serving.target_runner import TargetRunner
+from serving.speculative.draft_runner import DraftRunner
+from serving.speculative.target_runner import TargetRunner
 
 
 @dataclass

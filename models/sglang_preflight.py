@@ -1,6 +1,6 @@
 """Preflight for ``engine=sglang``: does SGLang's class for this target capture the aux hidden
 states we train on, at the layers we train on? Answered from SGLang's source (parsed, never
-imported), before a weight is loaded or a training step runs. DESIGN contracts 1 and 2.
+imported), before a weight is loaded or a training step runs.
 
 For the architecture a target's ``config.json`` names (``architectures[0]``):
 
@@ -32,7 +32,7 @@ The source is the installed ``sglang`` package (found with ``importlib.util.find
 imported) or the dir ``$STREAMDRAFT_SGLANG_SRC`` names (an unpacked wheel's ``sglang/``)::
 
     pip download --no-deps sglang==0.5.14 -d /tmp/sgl && (cd /tmp/sgl && unzip -qo sglang-*.whl 'sglang/*')
-    STREAMDRAFT_SGLANG_SRC=/tmp/sgl/sglang python -m serving.sglang_preflight /models/Kimi-K2.5
+    STREAMDRAFT_SGLANG_SRC=/tmp/sgl/sglang python -m models.sglang_preflight /models/Kimi-K2.5
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from typing import Callable, Sequence
 
 from models.aux_ids import AuxLayerIds
 from models.target_config import read_text_config
-from serving.aux_support import (
+from models.aux_support import (
     SGLANG_METHOD,
     SGLANG_PACKAGE,
     ClassInfo,
@@ -316,7 +316,7 @@ def preflight(
         raise fail(
             f"its class {key[0]}.{key[1]} neither defines nor inherits {SGLANG_METHOD}, so SGLang cannot capture aux "
             f"hidden states for it: the draft would be handed {widths}, fc would be skipped and acceptance would "
-            "collapse to ~1.0 (DESIGN contract 2)"
+            "collapse to ~1.0"
         )  # fmt: skip
     ids = AuxLayerIds.of(aux_layer_ids, num_layers)
     captured = replay_capture(source, key, num_layers, ids.sglang_argument)
@@ -346,7 +346,7 @@ def _mismatch(method: str, ids: AuxLayerIds, got: list[int]) -> str:
     return (
         f"with our aux ids {ids.sglang_argument} (outputs of layers k) {method} captures the inputs of layers {got}, but "
         f"training needs the inputs of layers {ids.sglang_layer_inputs}. The SGLang export hands the same ids to the same "
-        f"method when serving, so the draft would be served other layers than it was trained on (DESIGN contract 1).{why}"
+        f"method when serving, so the draft would be served other layers than it was trained on.{why}"
     )
 
 

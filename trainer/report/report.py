@@ -4,7 +4,7 @@ and the compact end-of-run summary the trainer prints.
     python -m trainer.report RUN_DIR [--out DIR]      # default DIR: RUN_DIR/report
 
 Reads ``RUN_DIR/metrics.jsonl`` + ``summary.json`` (or, failing those, the wandb run under
-``RUN_DIR/wandb``; see ``trainer.runlog``) and writes ``DIR/report.md`` with one PNG per
+``RUN_DIR/wandb``; see ``trainer.report.runlog``) and writes ``DIR/report.md`` with one PNG per
 section (training, evaluation, performance, data) beside it.
 """
 
@@ -20,10 +20,10 @@ from typing import Any, Sequence
 import yaml
 
 from serving.formats import DEFAULT_SPECULATIVE_TOKENS
-from trainer import metrics as M
-from trainer.panels import sections
-from trainer.plots import SectionPlot, plot_section
-from trainer.runlog import RunLog, read_run
+from trainer.report import metrics as M
+from trainer.report.panels import sections
+from trainer.report.plots import SectionPlot, plot_section
+from trainer.report.runlog import RunLog, read_run
 
 REPORT_DIR = "report"
 REPORT_FILE = "report.md"
@@ -265,7 +265,3 @@ def main(argv: Sequence[str] | None = None) -> None:
     for plot in report.plots:
         if plot.path is not None:
             print(plot.path)
-
-
-if __name__ == "__main__":
-    main()

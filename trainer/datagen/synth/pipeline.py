@@ -8,7 +8,7 @@ line of either file (``trainer.regenerate.done_ids``), skips every job id alread
 them, re-indexes the kept prompts for near-duplicate search and counts on from the files.
 Sampling is seeded per batch (seed + first job index; with SGLang once, at engine start), so a
 resumed run is not bit-identical to an uninterrupted one. Generation goes through a
-``trainer.gen_backend`` backend (transformers or SGLang). Only text is cached; hidden states never are.
+``trainer.datagen.gen_backend`` backend (transformers or SGLang). Only text is cached; hidden states never are.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from typing import Sequence
 from tqdm import tqdm
 
 from trainer.data.dedup import NearDupIndex
-from trainer.gen_backend import Backend, GenerationSettings, generate_chats
+from trainer.datagen.gen_backend import Backend, GenerationSettings, generate_chats
+from trainer.datagen.synth.filters import STAGES, FilterSettings, clean, echoes, rejection
+from trainer.datagen.synth.instructions import Job, Planner, follow_up_request, job_id
 from trainer.regenerate import done_ids
-from trainer.synth.filters import STAGES, FilterSettings, clean, echoes, rejection
-from trainer.synth.instructions import Job, Planner, follow_up_request, job_id
 
 DUP_STAGES = ("near_dup_source", "near_dup_synthetic")  # a near-duplicate of a source prompt / of a kept synthetic one
 SOURCE_PREFIX = "source:"

@@ -1,4 +1,4 @@
-"""PNG pictures of a run's panels (``trainer.panels``) with matplotlib, one file per section.
+"""PNG pictures of a run's panels (``trainer.report.panels``) with matplotlib, one file per section.
 
 Uses ``matplotlib.figure.Figure`` directly (the Agg canvas, no pyplot state, no display).
 A panel with no logged metric is left out of the picture; the caller lists what is missing.
@@ -16,8 +16,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from trainer.panels import X_LABEL, PanelSpec, SectionSpec, label
-from trainer.runlog import RunLog
+from trainer.report.panels import X_LABEL, PanelSpec, SectionSpec, label
+from trainer.report.runlog import RunLog
 
 COLUMNS = 3
 PANEL_SIZE = (4.6, 3.2)  # inches per panel

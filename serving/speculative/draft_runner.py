@@ -6,7 +6,7 @@ engine instead keeps one KV cache of draft rows in position order and appends to
 * *extend* rows (after each target forward): row t reads the embedding of token x_{t+1}
   and the target's features of position t, fused by ``fc``, and sits at position t;
 * *chain* rows (drafting): row t + j reads the embedding of draft token j and the draft's
-  own output at the previous row, fed back pre-norm unless ``norm_output`` (contract 5).
+  own output at the previous row, fed back pre-norm unless ``norm_output``.
 
 A query attends to every cached row at or before its position, which equals the TTT mask
 of ``models/draft.ttt_attention`` (tests/test_eval.py checks the two agree). Chain rows are

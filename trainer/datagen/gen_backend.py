@@ -33,7 +33,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from serving.sglang_preflight import INSTALL_HINT as SGLANG_HINT  # noqa: E402
+from models.sglang_preflight import INSTALL_HINT as SGLANG_HINT  # noqa: E402
+from serving.prompts import stop_ids_of  # noqa: E402
 
 ENGINES = ("hf", "sglang", "auto")
 FINISHES = ("stop", "length")
@@ -115,17 +116,6 @@ def chat_ids(tokenizer, conversation: Sequence[dict]) -> list[int]:
 def generate_chats(backend: Backend, chats: Sequence[Sequence[dict]], settings: GenerationSettings, seed: int) -> list[Reply]:
     """One reply per chat (a conversation ending before the assistant's turn)."""
     return backend.generate([chat_ids(backend.tokenizer, c) for c in chats], settings, seed)
-
-
-def stop_ids_of(generation_config, tokenizer) -> list[int]:
-    """The ids that end a reply: the generation config's eos ids and the tokenizer's eos."""
-    ids = generation_config.eos_token_id if generation_config is not None else None
-    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-        ids.append(tokenizer.eos_token_id)
-    if not ids:
-        raise ValueError("the target names no end-of-sequence token: generation could not stop")
-    return ids
 
 
 def cut_at_stop(row: Sequence[int], stop_ids: Sequence[int]) -> tuple[list[int], str]:

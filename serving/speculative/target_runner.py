@@ -7,7 +7,7 @@ of them, the target's greedy next token and its feature vector:
 * ``feature="aux"`` (a correctly wired server): the outputs of decoder layers
   ``aux_layer_ids`` concatenated in layer order, ``output_hidden_states[k + 1]`` for id k:
   the tensors SGLang captures at the input of layer k + 1 and vLLM at the input of layer
-  k + 1 in its own numbering (DESIGN contract 1);
+  k + 1 in its own numbering;
 * ``feature="final"`` (a miswired server whose target class does not capture aux states):
   the final normed hidden state, which is what such a server hands the draft.
 
@@ -47,11 +47,6 @@ class TargetRunner:
     def length(self) -> int:
         """Positions held in the KV cache."""
         return self.cache.get_seq_length()
-
-    @property
-    def feature_width(self) -> int:
-        hidden = self.model.config.hidden_size
-        return hidden * len(self.aux_layer_ids) if self.feature == "aux" else hidden
 
     def reset(self) -> None:
         self.cache = DynamicCache()

@@ -1,0 +1,1 @@
+"""Launchers and benchmarks: scripts run from a checkout (``python launch/NAME.py``), importable as ``launch.NAME``."""

@@ -1,0 +1,138 @@
+"""Imports flow one way: models <- serving <- trainer <- launch, and no two modules import each other.
+
+Every import statement of every module is read with ``ast`` (also those inside functions: a
+lazy import is still an arrow). ``python tests/test_imports.py [ROOT]`` prints the offences
+of another checkout.
+"""
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = ("models", "serving", "trainer", "launch")  # a package may import only those before it
+
+
+def module_files(root: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py under the layered packages."""
+    modules = {}
+    for package in LAYERS:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
+    return modules
+
+
+def imported_names(path: Path, module: str) -> set[str]:
+    """Dotted names one module imports: ``from a.b import c`` gives ``a.b.c`` (``a.b`` when c is no module)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (a name resolves to its longest module prefix)."""
+    modules = module_files(root)
+    graph = {}
+    for module, path in modules.items():
+        targets = set()
+        for name in imported_names(path, module):
+            parts = name.split(".")
+            while parts and ".".join(parts) not in modules:
+                parts.pop()
+            if parts and ".".join(parts) != module:
+                targets.add(".".join(parts))
+        graph[module] = targets
+    return graph
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    rank = {package: i for i, package in enumerate(LAYERS)}
+    return sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        for target in targets
+        if rank[target.split(".")[0]] > rank[module.split(".")[0]]
+    )
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_graph_reads_the_tree():
+    graph = import_graph(ROOT)
+    assert "trainer.loop" in graph and "models.draft" in graph["trainer.loop"]
+
+
+def test_no_lower_package_imports_a_higher_one():
+    assert upward_imports(import_graph(ROOT)) == []
+
+
+def test_no_import_cycles():
+    assert cycles(import_graph(ROOT)) == []
+
+
+def test_tests_import_launch_as_a_package():
+    """Tests import ``launch.*`` like every other package (``launch/__init__.py``), never by editing the import path."""
+    edits = [p.name for p in sorted((ROOT / "tests").glob("*.py")) if "sys." + "path" in p.read_text()]
+    assert edits == []
+
+
+def test_checks_catch_an_upward_import_and_a_cycle(tmp_path):
+    for package, text in {
+        "models": {"a.py": "from serving import b\n"},
+        "serving": {"b.py": "import serving.c\n", "c.py": "from . import b\n"},
+        "trainer": {},
+        "launch": {},
+    }.items():
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+        for name, source in text.items():
+            (tmp_path / package / name).write_text(source)
+    graph = import_graph(tmp_path)
+    assert upward_imports(graph) == ["models.a -> serving.b"]
+    assert cycles(graph) == [["serving.b", "serving.c"]]
+
+
+if __name__ == "__main__":
+    graph = import_graph(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT)
+    print("\n".join(["upward:", *upward_imports(graph), "cycles:", *map(" <-> ".join, cycles(graph))]))
