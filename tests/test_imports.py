@@ -100,7 +100,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_graph_reads_the_tree():
     graph = import_graph(ROOT)
-    assert "trainer.loop" in graph and "models.draft" in graph["trainer.loop"]
+    assert "trainer.build" in graph and "models.draft" in graph["trainer.build"]
 
 
 def test_no_lower_package_imports_a_higher_one():
