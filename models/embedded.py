@@ -57,7 +57,7 @@ def embedded_target_dir(cache_root: Path | None = None) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{CACHE_NAME}.tmp-", dir=root))
     try:
         _build(gguf, tmp)
-        _share(tmp)
+        share_with_umask(tmp)
         _publish(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already once renamed
@@ -96,8 +96,9 @@ def plain_config(loaded, gguf: Path):
     return config
 
 
-def _share(directory: Path) -> None:
-    """Give ``directory`` and its files the umask's usual modes (mkdtemp makes them private)."""
+def share_with_umask(directory: Path) -> None:
+    """Give ``directory`` and its files the umask's usual modes, whatever their writers chose (mkdtemp and
+    safetensors make them private): a server running as another user can read them."""
     umask = os.umask(0)
     os.umask(umask)
     directory.chmod(0o777 & ~umask)

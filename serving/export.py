@@ -36,6 +36,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from models.draft import DraftShape, Eagle3Draft
+from models.embedded import share_with_umask
 from models.vocab_map import VocabMap
 from serving.formats import (
     CONFIG_FILE,
@@ -104,21 +105,12 @@ def _write(out_dir, fmt: ExportFormat, config: dict, draft: Eagle3Draft, vocab: 
     try:
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-        _share(tmp)
+        share_with_umask(tmp)
         _swap_into_place(tmp, out, tag)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
     return out
-
-
-def _share(directory: Path) -> None:
-    """The umask's usual modes for ``directory`` and its files, whatever the writers chose."""
-    umask = os.umask(0)
-    os.umask(umask)
-    directory.chmod(0o777 & ~umask)
-    for path in directory.iterdir():
-        path.chmod(0o666 & ~umask)
 
 
 def _swap_into_place(tmp: Path, out: Path, tag: str) -> None:
@@ -197,9 +189,7 @@ def _embedding(export_dir: Path, shape: DraftShape, embed_weight: Tensor | None,
     if embed_weight is None:
         raise ValueError(f"{export_dir}: the draft shares the target embedding; pass embed_weight [V_t, H]")
     if tuple(embed_weight.shape) != (shape.vocab_size, shape.hidden_size):
-        raise ValueError(
-            f"embed_weight has shape {tuple(embed_weight.shape)}, the export needs ({shape.vocab_size}, {shape.hidden_size})"
-        )
+        raise ValueError(f"embed_weight has shape {tuple(embed_weight.shape)}, the export needs ({shape.vocab_size}, {shape.hidden_size})")
     return embed_weight.detach()
 
 
