@@ -35,11 +35,14 @@ def test_category_holdout_keeps_every_prompt_of_those_categories_out_of_training
         Holdout.of(DataConfig(sources={"chatterbot": DataSourceConfig()}, holdout_categories=["cooking"]), 0)
 
 
-@pytest.mark.parametrize("make, key", [
-    (lambda: DataConfig(holdout_categories=[]), "data.holdout_categories"),
-    (lambda: DataConfig(sources={"c": DataSourceConfig(holdout_fraction=0.2)}, holdout_categories=CATS), "data.holdout_categories"),
-    (lambda: TrainConfig(max_time_s=0), "trainer.max_time_s"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "make, key",
+    [
+        (lambda: DataConfig(holdout_categories=[]), "data.holdout_categories"),
+        (lambda: DataConfig(sources={"c": DataSourceConfig(holdout_fraction=0.2)}, holdout_categories=CATS), "data.holdout_categories"),
+        (lambda: TrainConfig(max_time_s=0), "trainer.max_time_s"),
+    ],
+)
 def test_config_checks(make, key):
     with pytest.raises(ValueError, match=key):
         make()
@@ -63,7 +66,9 @@ def test_time_cap_stops_training_and_the_summary_names_the_eval_prompts(tmp_path
 def test_grid_file_flags_and_budget(tmp_path):
     grid_file = tmp_path / "grid.yaml"
     grid_file.write_text("sizes: [1, 2]\nregimes: {a: [schedule=cosine], b: [schedule=constant]}\nmax_steps: 10\noverrides: [x=1]\n")
-    args = study._parser().parse_args(["--out", str(tmp_path), "--grid", str(grid_file), "--sizes", "1", "4", "--regimes", "b", "--", "y=2"])
+    args = study._parser().parse_args(
+        ["--out", str(tmp_path), "--grid", str(grid_file), "--sizes", "1", "4", "--regimes", "b", "--", "y=2"]
+    )
     grid = study.load_grid(args)
     assert (grid.sizes, grid.regimes, grid.max_steps, grid.overrides) == ([1, 4], {"b": ["schedule=constant"]}, 10, ["x=1", "y=2"])
     with pytest.raises(ValueError, match="budget"):
@@ -76,9 +81,16 @@ def test_grid_file_flags_and_budget(tmp_path):
 
 
 def _synthetic_file(path, n):
-    records = [{"id": f"s{i}", "messages": [{"role": "user", "content": f"What is {i} plus {i + 1}?"},
-                                             {"role": "assistant", "content": f"{i} plus {i + 1} is {2 * i + 1}."}]}
-               for i in range(n)]  # fmt: skip
+    records = [
+        {
+            "id": f"s{i}",
+            "messages": [
+                {"role": "user", "content": f"What is {i} plus {i + 1}?"},
+                {"role": "assistant", "content": f"{i} plus {i + 1} is {2 * i + 1}."},
+            ],
+        }
+        for i in range(n)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
@@ -88,8 +100,25 @@ def test_study_runs_a_two_point_grid_and_resumes(tmp_path):
     _synthetic_file(synthetic, 60)
     out = tmp_path / "study"
     tiny = [o for o in TINY if not o.startswith("trainer.max_steps")]
-    cmd = [sys.executable, str(ROOT / "launch" / "study.py"), "--out", str(out), "--synthetic", str(synthetic),
-           "--sizes", "1", "2", "--regimes", "cosine", "--max-steps", "2", "--holdout-categories", *CATS, "--", *tiny]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "launch" / "study.py"),
+        "--out",
+        str(out),
+        "--synthetic",
+        str(synthetic),
+        "--sizes",
+        "1",
+        "2",
+        "--regimes",
+        "cosine",
+        "--max-steps",
+        "2",
+        "--holdout-categories",
+        *CATS,
+        "--",
+        *tiny,
+    ]
     with socket.socket() as held:  # a port this process holds (as an earlier in-process run does): each run must pick its own
         held.bind(("127.0.0.1", 0))
         held.listen()
@@ -105,7 +134,10 @@ def test_study_runs_a_two_point_grid_and_resumes(tmp_path):
     for p in points.values():
         assert "error" not in p, p.get("log_tail")
         assert p["steps"] == 2 and p["stopped_by"] == "trainer.max_steps" and p["tokens_seen"] > 0
-        assert p["accept_len"] >= 1.0 and len(p["accept_rate"]) == 5 and len(p["train_acc"]) == 3 and p["curve"]
+        assert len(p["accept_rate"]) == 5 and len(p["train_acc"]) == 3 and p["curve"]
+        # tau counts one target token per verify step plus the accepted drafts: 1 + the per-position rates
+        assert p["accept_len"] == pytest.approx(1 + sum(p["accept_rate"]))
+        assert all(a >= b for a, b in zip(p["accept_rate"], p["accept_rate"][1:]))  # reaching i + 1 needs i
         assert p["eval_prompts"]["sources"]["chatterbot"] == 2 and "food, sports" in p["eval_prompts"]["split"]
     table = (out / "study.md").read_text()
     assert "| 2x-cosine | 48 base + 48 synthetic |" in table and "Serving-eval prompts: 2 prompts" in table
