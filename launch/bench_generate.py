@@ -88,10 +88,20 @@ def measure(name: str, variant: Variant, chats: list[list[dict]], args: argparse
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     new = sum(r.new_tokens for r in replies)
-    return {"variant": name, "engine": engine.engine, "batch_size": variant.batch_size, "static_cache": engine.static_cache,
-            "compile": engine.compile, "prompts": len(timed), "new_tokens": new, "stopped": sum(r.finish == "stop" for r in replies),
-            "wall_s": round(wall_s, 2), "tokens_per_s": round(new / wall_s, 1), "load_s": round(load_s, 1),
-            "warmup_s": round(warmup_s, 1)}  # fmt: skip
+    return {
+        "variant": name,
+        "engine": engine.engine,
+        "batch_size": variant.batch_size,
+        "static_cache": engine.static_cache,
+        "compile": engine.compile,
+        "prompts": len(timed),
+        "new_tokens": new,
+        "stopped": sum(r.finish == "stop" for r in replies),
+        "wall_s": round(wall_s, 2),
+        "tokens_per_s": round(new / wall_s, 1),
+        "load_s": round(load_s, 1),
+        "warmup_s": round(warmup_s, 1),
+    }
 
 
 def main() -> None:
@@ -111,10 +121,23 @@ def main() -> None:
     for name in args.variants:
         row = measure(name, VARIANTS[name], chats, args)
         rows.append(row)
-        print(f"{name:<24} {row['prompts']:>7} {row['new_tokens']:>10} {row['stopped']:>7} {row['wall_s']:>7.1f} "
-              f"{row['tokens_per_s']:>9.1f} {row['load_s']:>6.1f} {row['warmup_s']:>8.1f}", flush=True)  # fmt: skip
-        args.out.write_text(json.dumps({"device": device, "max_new_tokens": args.max_new_tokens, "prompts_file": str(args.prompts),
-                                        "distinct_prompts": len(chats), "rows": rows}, indent=2))  # fmt: skip
+        print(
+            f"{name:<24} {row['prompts']:>7} {row['new_tokens']:>10} {row['stopped']:>7} {row['wall_s']:>7.1f} "
+            f"{row['tokens_per_s']:>9.1f} {row['load_s']:>6.1f} {row['warmup_s']:>8.1f}",
+            flush=True,
+        )
+        args.out.write_text(
+            json.dumps(
+                {
+                    "device": device,
+                    "max_new_tokens": args.max_new_tokens,
+                    "prompts_file": str(args.prompts),
+                    "distinct_prompts": len(chats),
+                    "rows": rows,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -88,12 +88,19 @@ def main() -> None:
     assert stats["padded"]["tokens"] == stats["packed"]["tokens"], "the two layouts must carry the same epoch"
     print(f"\n{'layout':<8} {'steps':>6} {'tokens':>8} {'padding':>8} {'target s':>9} {'draft s':>8} {'tokens/s':>9}")
     for name, s in stats.items():
-        print(f"{name:<8} {s['steps']:>6} {s['tokens']:>8} {s['padding_share']:>8.1%} {s['target_s']:>9.1f} {s['draft_s']:>8.1f} "
-              f"{s['tokens_per_s']:>9.1f}")  # fmt: skip
+        print(
+            f"{name:<8} {s['steps']:>6} {s['tokens']:>8} {s['padding_share']:>8.1%} {s['target_s']:>9.1f} {s['draft_s']:>8.1f} "
+            f"{s['tokens_per_s']:>9.1f}"
+        )
     gain = stats["packed"]["tokens_per_s"] / stats["padded"]["tokens_per_s"] - 1
     print(f"packing: {gain:+.1%} tokens/s")
-    machine = {"cpu_threads": torch.get_num_threads(), "platform": platform.platform(), "torch": torch.__version__,
-               "device": str(trainer.par.device), "load_average_before_after": [load_before, os.getloadavg()]}  # fmt: skip
+    machine = {
+        "cpu_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "device": str(trainer.par.device),
+        "load_average_before_after": [load_before, os.getloadavg()],
+    }
     args.out.write_text(json.dumps({"overrides": overrides, "layouts": stats, "gain": gain, "machine": machine}, indent=2))
 
 

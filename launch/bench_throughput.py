@@ -39,8 +39,8 @@ import importlib.util
 import json
 import os
 import queue
-import statistics
 import socket
+import statistics
 import sys
 import tempfile
 import threading
@@ -52,26 +52,44 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from models.draft import DraftShape, Eagle3Draft, draft_shape_for  # noqa: E402
 from models.batch import FeatureBatch, TokenBatch  # noqa: E402
-from trainer.flops import H200_BF16_PEAK_TFLOPS, flops_per_token  # noqa: E402
-from trainer.stream.feature_stream import TargetSource, open_feature_stream  # noqa: E402
+from models.draft import DraftShape, Eagle3Draft, draft_shape_for  # noqa: E402
 from models.engines import RandomTarget, TargetFactory  # noqa: E402
 from models.sglang_target import SGLangTarget  # noqa: E402
+from trainer.flops import H200_BF16_PEAK_TFLOPS, flops_per_token  # noqa: E402
+from trainer.stream.feature_stream import TargetSource, open_feature_stream  # noqa: E402
 from trainer.ttt import TargetLabeler, TTTObjective, draft_step  # noqa: E402
 
 PEAK_FLOPS = H200_BF16_PEAK_TFLOPS * 1e12
 MODES = ("inprocess", "colocated", "offline", "sglang")
 
 LLAMA_8B = dict(
-    model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-    num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=8192, rms_norm_eps=1e-5,
-    rope_theta=500000.0, tie_word_embeddings=False,
+    model_type="llama",
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    tie_word_embeddings=False,
 )
 TINY = dict(
-    model_type="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
-    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512, rms_norm_eps=1e-5,
-    rope_theta=10000.0, tie_word_embeddings=False,
+    model_type="llama",
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=8,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
 )
 
 
@@ -125,9 +143,14 @@ def make_setup(args: argparse.Namespace) -> Setup:
     torch.manual_seed(2)
     lm_head = (torch.randn(vocab, target_cfg["hidden_size"], device=device) * 0.02).to(dtype)
     return Setup(
-        args=args, device=device, dtype=dtype, target_cfg=target_cfg,
+        args=args,
+        device=device,
+        dtype=dtype,
+        target_cfg=target_cfg,
         factory=RandomTarget(target_cfg, seed=0, dtype=dtype, attn_implementation="sdpa"),
-        batches=batches, shape=shape, labeler=TargetLabeler(lm_head, draft_ids, t2d),
+        batches=batches,
+        shape=shape,
+        labeler=TargetLabeler(lm_head, draft_ids, t2d),
         flops=flops_per_token(config, shape, args.seq, args.ttt),
     )
 
@@ -140,7 +163,9 @@ def make_objective(st: Setup) -> tuple[TTTObjective, torch.optim.Optimizer]:
     objective = TTTObjective(draft, st.args.ttt, 0.8, False)
     params = [p for p in objective.parameters() if p.requires_grad]
     fused = st.device.type == "cuda"
-    return objective, torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.01, fused=fused, foreach=False if not fused else None)
+    return objective, torch.optim.AdamW(
+        params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.01, fused=fused, foreach=False if not fused else None
+    )
 
 
 def sync(device: torch.device) -> None:
@@ -282,12 +307,18 @@ def run_colocated(st: Setup, factory: TargetFactory | None = None, mode: str = "
     copy_ms = 1000 * engine.copy_s / max(engine.batches, 1)
     receive_ms = 1000 * min(run.next_s)  # next() when the batch is already waiting: release + message + views
     row = summarize(
-        st, run, mode,
-        handoff_ms_per_batch=copy_ms + receive_ms, handoff_copy_ms=copy_ms, handoff_receive_ms=receive_ms,
+        st,
+        run,
+        mode,
+        handoff_ms_per_batch=copy_ms + receive_ms,
+        handoff_copy_ms=copy_ms,
+        handoff_receive_ms=receive_ms,
         engine_lead_ms=1000 * stream_stats.message_latency_s / max(stream_stats.batches, 1),
         engine_peak_gpu_bytes=engine.peak_memory_bytes if st.device.type == "cuda" else None,
-        engine_full_waits=engine.full_waits, engine_full_wait_s=engine.full_wait_s,
-        disk_bytes_per_token=io_delta(before, after, 0, run.tokens), pipe_bytes_per_token=io_delta(before, after, 1, run.tokens),
+        engine_full_waits=engine.full_waits,
+        engine_full_wait_s=engine.full_wait_s,
+        disk_bytes_per_token=io_delta(before, after, 0, run.tokens),
+        pipe_bytes_per_token=io_delta(before, after, 1, run.tokens),
     )
     row["device_used_gpu_bytes"] = device_peak
     del objective, opt
@@ -310,7 +341,9 @@ def run_sglang(st: Setup) -> dict:
     config = AutoConfig.for_model(st.target_cfg["model_type"], architectures=["LlamaForCausalLM"], **fields)  # LLAMA_8B, TINY
     with tempfile.TemporaryDirectory(prefix="streamdraft-sglang-target-") as path:
         config.save_pretrained(path)
-        factory = SGLangTarget(path=path, dtype=st.dtype, mem_fraction_static=st.args.sglang_mem_fraction, load_format="dummy", dist_port=free_port())
+        factory = SGLangTarget(
+            path=path, dtype=st.dtype, mem_fraction_static=st.args.sglang_mem_fraction, load_format="dummy", dist_port=free_port()
+        )
         return run_colocated(st, factory, "sglang")
 
 
@@ -350,7 +383,10 @@ class DiskStream:
 
 def run_offline(st: Setup) -> dict:
     if fs_type(st.args.disk_dir) == "tmpfs":
-        print(f"note: --disk-dir {st.args.disk_dir} is tmpfs (RAM): the offline baseline touches no disk; pass a dir on local storage", flush=True)
+        print(
+            f"note: --disk-dir {st.args.disk_dir} is tmpfs (RAM): the offline baseline touches no disk; pass a dir on local storage",
+            flush=True,
+        )
     out_dir = Path(st.args.disk_dir) / f"streamdraft-offline-{os.getpid()}"
     out_dir.mkdir(parents=True, exist_ok=False)
     engine = st.factory.build(st.device)
@@ -361,8 +397,13 @@ def run_offline(st: Setup) -> dict:
         fb = engine.features(tokens.to(st.device))
         sync(st.device)
         t1 = time.perf_counter()
-        obj = {"aux": fb.aux.cpu(), "final": fb.final.cpu(), "input_ids": fb.tokens.input_ids.cpu(),
-               "loss_mask": fb.tokens.loss_mask.cpu(), "lengths": fb.tokens.lengths.cpu()}
+        obj = {
+            "aux": fb.aux.cpu(),
+            "final": fb.final.cpu(),
+            "input_ids": fb.tokens.input_ids.cpu(),
+            "loss_mask": fb.tokens.loss_mask.cpu(),
+            "lengths": fb.tokens.lengths.cpu(),
+        }
         path = out_dir / f"batch{i:05d}.pt"
         with open(path, "wb") as f:
             torch.save(obj, f)
@@ -385,13 +426,19 @@ def run_offline(st: Setup) -> dict:
     tokens_all = sum(b.input_ids.numel() for b in st.batches)
     gen_measured = sum(gen_s[st.args.warmup :])
     row = summarize(
-        st, run, "offline", extra_time_s=gen_measured,
+        st,
+        run,
+        "offline",
+        extra_time_s=gen_measured,
         train_only_tokens_per_s=run.tokens / sum(run.step_s),
         generate_tokens_per_s=run.tokens / gen_measured,
         handoff_ms_per_batch=1000 * (sum(write_s) + disk.read_s) / len(paths),
-        handoff_write_ms=1000 * sum(write_s) / len(paths), handoff_read_ms=1000 * disk.read_s / len(paths),
-        disk_bytes_per_token=io_delta(before, after, 0, tokens_all), feature_file_bytes_per_token=file_bytes / tokens_all,
-        disk_dir=str(out_dir.parent), disk_dir_fstype=fs_type(str(out_dir.parent)),
+        handoff_write_ms=1000 * sum(write_s) / len(paths),
+        handoff_read_ms=1000 * disk.read_s / len(paths),
+        disk_bytes_per_token=io_delta(before, after, 0, tokens_all),
+        feature_file_bytes_per_token=file_bytes / tokens_all,
+        disk_dir=str(out_dir.parent),
+        disk_dir_fstype=fs_type(str(out_dir.parent)),
     )
     del objective, opt
     return row
@@ -403,7 +450,10 @@ def run_offline(st: Setup) -> dict:
 def table(rows: list[dict], flops: dict[str, float]) -> str:
     gb = lambda x: "-" if x is None else f"{x / 2**30:.1f}"  # noqa: E731
     na = lambda x, fmt: "n/a" if x is None else format(x, fmt)  # noqa: E731
-    head = f"{'mode':<10} {'tok/s':>9} {'MFU':>6} {'stall':>6} {'step s':>7} {'handoff ms':>10} {'disk B/tok':>10} {'GPU GB trainer/engine/device':>28}"
+    head = (
+        f"{'mode':<10} {'tok/s':>9} {'MFU':>6} {'stall':>6} {'step s':>7} {'handoff ms':>10} {'disk B/tok':>10} "
+        f"{'GPU GB trainer/engine/device':>28}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         mem = f"{gb(r['trainer_peak_gpu_bytes'])}/{gb(r.get('engine_peak_gpu_bytes'))}/{gb(r['device_used_gpu_bytes'])}"
@@ -489,11 +539,19 @@ def main(argv: list[str] | None = None) -> dict:
         print(table(rows, st.flops))
         report = {"rows": rows, "skipped": skipped, "equivalence": compare(rows) if len(rows) > 1 else {}}
         print(json.dumps(report["equivalence"], indent=1))
-    report.update({
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv), "args": vars(args),
-        "torch": torch.__version__, "device_name": torch.cuda.get_device_name(st.device) if st.device.type == "cuda" else "cpu",
-        "target_config": st.target_cfg, "draft_shape": st.shape.to_dict(), "flops_per_token": st.flops, "peak_flops": PEAK_FLOPS,
-    })
+    report.update(
+        {
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": " ".join(sys.argv),
+            "args": vars(args),
+            "torch": torch.__version__,
+            "device_name": torch.cuda.get_device_name(st.device) if st.device.type == "cuda" else "cpu",
+            "target_config": st.target_cfg,
+            "draft_shape": st.shape.to_dict(),
+            "flops_per_token": st.flops,
+            "peak_flops": PEAK_FLOPS,
+        }
+    )
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"wrote {args.out}")
     return report

@@ -40,9 +40,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 
 SHAPE = dict(
-    vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
-    max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False,
-)  # fmt: skip
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    tie_word_embeddings=False,
+)
 MODES = ("baseline", "whole", "head")
 AUX = [0, 1, 2]  # aux layer ids valid for any --layers >= 4 (they do not change what is loaded)
 GB = 1e9
@@ -53,10 +60,16 @@ def layer_shapes(i: int) -> dict[str, tuple[int, ...]]:
     kv = h // SHAPE["num_attention_heads"] * SHAPE["num_key_value_heads"]
     p = f"model.layers.{i}."
     return {
-        p + "self_attn.q_proj.weight": (h, h), p + "self_attn.k_proj.weight": (kv, h), p + "self_attn.v_proj.weight": (kv, h),
-        p + "self_attn.o_proj.weight": (h, h), p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
-        p + "mlp.down_proj.weight": (h, inter), p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-    }  # fmt: skip
+        p + "self_attn.q_proj.weight": (h, h),
+        p + "self_attn.k_proj.weight": (kv, h),
+        p + "self_attn.v_proj.weight": (kv, h),
+        p + "self_attn.o_proj.weight": (h, h),
+        p + "mlp.gate_proj.weight": (inter, h),
+        p + "mlp.up_proj.weight": (inter, h),
+        p + "mlp.down_proj.weight": (h, inter),
+        p + "input_layernorm.weight": (h,),
+        p + "post_attention_layernorm.weight": (h,),
+    }
 
 
 def checkpoint_shapes(layers: int) -> dict[str, tuple[int, ...]]:
@@ -118,7 +131,11 @@ def tensors_of(held) -> list[torch.Tensor]:
     """The distinct weight tensors (by storage) a loaded target holds."""
     if held is None:
         return []
-    found = list(held[0].model.parameters()) + list(held[0].model.buffers()) if isinstance(held, tuple) else [held.embed_weight, held.lm_head_weight]
+    found = (
+        list(held[0].model.parameters()) + list(held[0].model.buffers())
+        if isinstance(held, tuple)
+        else [held.embed_weight, held.lm_head_weight]
+    )
     return list({t.untyped_storage().data_ptr(): t for t in found}.values())
 
 
@@ -154,10 +171,14 @@ def child(mode: str, path: Path, device: torch.device) -> dict:
     touch(held_tensors)
     after = proc_status()
     row = {
-        "mode": mode, "load_s": seconds, "tensor_gb": sum(t.untyped_storage().nbytes() for t in held_tensors) / GB,
-        "host_peak_gb": after["VmHWM"], "host_rss_gb": after["VmRSS"], "host_rss_loaded_gb": loaded["VmRSS"],
+        "mode": mode,
+        "load_s": seconds,
+        "tensor_gb": sum(t.untyped_storage().nbytes() for t in held_tensors) / GB,
+        "host_peak_gb": after["VmHWM"],
+        "host_rss_gb": after["VmRSS"],
+        "host_rss_loaded_gb": loaded["VmRSS"],
         "host_rss_before_gb": before["VmRSS"],
-    }  # fmt: skip
+    }
     if device.type == "cuda":
         row |= {"gpu_peak_gb": torch.cuda.max_memory_allocated(device) / GB, "gpu_held_gb": torch.cuda.memory_allocated(device) / GB}
     del held
@@ -177,7 +198,11 @@ def measure(path: Path, device: str) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     gpu = "gpu_peak_gb" in rows[0]
-    head = f"{'mode':<9} {'weights GB':>10} {'host peak GB':>12} {'host RSS GB':>11}" + (f" {'GPU peak GB':>11} {'GPU held GB':>11}" if gpu else "") + f" {'load s':>7}"
+    head = (
+        f"{'mode':<9} {'weights GB':>10} {'host peak GB':>12} {'host RSS GB':>11}"
+        + (f" {'GPU peak GB':>11} {'GPU held GB':>11}" if gpu else "")
+        + f" {'load s':>7}"
+    )
     lines = [head]
     for r in rows:
         g = f" {r['gpu_peak_gb']:>11.2f} {r['gpu_held_gb']:>11.2f}" if gpu else ""
@@ -187,7 +212,14 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--layers", type=int, default=32, choices=range(4, 129), metavar="{4..128}", help="decoder layers (32: Llama-3.1-8B; fewer keep the embedding and lm_head)")
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=32,
+        choices=range(4, 129),
+        metavar="{4..128}",
+        help="decoder layers (32: Llama-3.1-8B; fewer keep the embedding and lm_head)",
+    )
     p.add_argument("--shard-gb", type=float, default=5.0, help="safetensors shard size (real 8B checkpoints: ~5 GB)")
     p.add_argument("--device", default="cpu", help="where the trainer puts the target (cpu or cuda)")
     p.add_argument("--dir", type=Path, default=None, help="checkpoint dir: reused when it has an index, else written there")
@@ -216,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Llama-3.1-8B widths, {layers} layers, {ckpt_gb:.2f} GB bf16 checkpoint, device {args.device}")
     print(table(rows))
     if args.out:
-        args.out.write_text(json.dumps({"shape": SHAPE, "layers": layers, "checkpoint_gb": ckpt_gb, "device": args.device, "rows": rows}, indent=2) + "\n")
+        args.out.write_text(
+            json.dumps({"shape": SHAPE, "layers": layers, "checkpoint_gb": ckpt_gb, "device": args.device, "rows": rows}, indent=2) + "\n"
+        )
     return 0
 
 

@@ -43,38 +43,116 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 # fields are read as rope_parameters (transformers v5 builds it from rope_theta + rope_scaling);
 # quantization_config only behind an fp8 shared-expert check.
 SGLANG_READS = (
-    "architectures", "first_k_dense_replace", "hidden_act", "hidden_size", "intermediate_size", "kv_lora_rank",
-    "max_position_embeddings", "moe_intermediate_size", "moe_layer_freq", "n_group", "n_routed_experts", "n_shared_experts",
-    "norm_topk_prob", "num_attention_heads", "num_experts_per_tok", "num_hidden_layers", "pad_token_id", "q_lora_rank",
-    "qk_nope_head_dim", "qk_rope_head_dim", "rms_norm_eps", "rope_parameters", "routed_scaling_factor", "scoring_func",
-    "tie_word_embeddings", "topk_group", "topk_method", "v_head_dim", "vocab_size",
-)  # fmt: skip
+    "architectures",
+    "first_k_dense_replace",
+    "hidden_act",
+    "hidden_size",
+    "intermediate_size",
+    "kv_lora_rank",
+    "max_position_embeddings",
+    "moe_intermediate_size",
+    "moe_layer_freq",
+    "n_group",
+    "n_routed_experts",
+    "n_shared_experts",
+    "norm_topk_prob",
+    "num_attention_heads",
+    "num_experts_per_tok",
+    "num_hidden_layers",
+    "pad_token_id",
+    "q_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "rms_norm_eps",
+    "rope_parameters",
+    "routed_scaling_factor",
+    "scoring_func",
+    "tie_word_embeddings",
+    "topk_group",
+    "topk_method",
+    "v_head_dim",
+    "vocab_size",
+)
 SGLANG_GUARDED = ("quantization_config", "rope_theta", "rope_scaling")  # read only on a branch our config does not take
 
 # Kimi-K2.5's text_config (DeepSeek-V3 architecture), as Moonshot's config.json gives it.
 KIMI_K25_TEXT = {
-    "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
-    "first_k_dense_replace": 1, "moe_layer_freq": 1, "n_routed_experts": 384, "n_shared_experts": 1, "num_experts_per_tok": 8,
-    "n_group": 1, "topk_group": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid", "norm_topk_prob": True,
-    "routed_scaling_factor": 2.827, "seq_aux": True, "aux_loss_alpha": 0.001, "ep_size": 1, "num_nextn_predict_layers": 0,
-    "num_attention_heads": 64, "num_key_value_heads": 64, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
-    "qk_nope_head_dim": 128, "v_head_dim": 128, "attention_bias": False, "attention_dropout": 0.0, "hidden_act": "silu",
-    "vocab_size": 163840, "max_position_embeddings": 262144, "rms_norm_eps": 1e-5, "rope_theta": 50000.0,
-    "rope_scaling": {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096, "beta_fast": 1.0, "beta_slow": 1.0,
-                     "mscale": 1.0, "mscale_all_dim": 1.0},
-    "initializer_range": 0.02, "tie_word_embeddings": False, "use_cache": True, "torch_dtype": "bfloat16",
-}  # fmt: skip
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61,
+    "first_k_dense_replace": 1,
+    "moe_layer_freq": 1,
+    "n_routed_experts": 384,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "n_group": 1,
+    "topk_group": 1,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.827,
+    "seq_aux": True,
+    "aux_loss_alpha": 0.001,
+    "ep_size": 1,
+    "num_nextn_predict_layers": 0,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "hidden_act": "silu",
+    "vocab_size": 163840,
+    "max_position_embeddings": 262144,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 50000.0,
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 64.0,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 1.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    },
+    "initializer_range": 0.02,
+    "tie_word_embeddings": False,
+    "use_cache": True,
+    "torch_dtype": "bfloat16",
+}
 # The routed experts' INT4 format in compressed-tensors' terms (W4A16, symmetric, a bf16 scale per
 # 32 weights); everything but the routed experts stays bf16. Check it against the checkpoint's own
 # quantization_config before the 8-GPU run.
 KIMI_K25_INT4 = {
-    "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed", "kv_cache_scheme": None,
-    "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "output_activations": None,
-                                  "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32,
-                                              "dynamic": False, "actorder": None, "block_structure": None, "observer": "minmax",
-                                              "observer_kwargs": {}}}},
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "quantization_status": "compressed",
+    "kv_cache_scheme": None,
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "input_activations": None,
+            "output_activations": None,
+            "weights": {
+                "num_bits": 4,
+                "type": "int",
+                "symmetric": True,
+                "strategy": "group",
+                "group_size": 32,
+                "dynamic": False,
+                "actorder": None,
+                "block_structure": None,
+                "observer": "minmax",
+                "observer_kwargs": {},
+            },
+        }
+    },
     "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:model[.]layers[.]0[.]mlp[.].*", "re:.*mlp[.]gate$"],
-}  # fmt: skip
+}
 REDUCED = {"num_hidden_layers": 5, "n_routed_experts": 16}
 
 
@@ -84,8 +162,15 @@ def kimi_config(layers: int, experts: int, *, int4: bool, tokens: dict[str, int]
     replace widths (tiny CPU tests)."""
     if layers < 2 or experts < KIMI_K25_TEXT["num_experts_per_tok"]:
         raise ValueError(f"--layers {layers} / --experts {experts}: need >= 2 layers (one dense, one MoE) and >= 8 experts (top-8)")
-    config = {"architectures": [ARCHITECTURE], "model_type": "deepseek_v3", **KIMI_K25_TEXT, **tokens,
-              "num_hidden_layers": layers, "n_routed_experts": experts, **(overrides or {})}  # fmt: skip
+    config = {
+        "architectures": [ARCHITECTURE],
+        "model_type": "deepseek_v3",
+        **KIMI_K25_TEXT,
+        **tokens,
+        "num_hidden_layers": layers,
+        "n_routed_experts": experts,
+        **(overrides or {}),
+    }
     if int4:
         config["quantization_config"] = KIMI_K25_INT4
     return config
@@ -102,15 +187,18 @@ def write_head(out: Path, vocab: int, hidden: int, device: str, seed: int = 0) -
     from safetensors.torch import save_file
 
     g = torch.Generator(device=device).manual_seed(seed)
-    tensors = {name: (torch.randn(vocab, hidden, generator=g, device=device) * 0.02).to(torch.bfloat16).cpu()
-               for name in ("model.embed_tokens.weight", "lm_head.weight")}  # fmt: skip
+    tensors = {
+        name: (torch.randn(vocab, hidden, generator=g, device=device) * 0.02).to(torch.bfloat16).cpu()
+        for name in ("model.embed_tokens.weight", "lm_head.weight")
+    }
     path = out / "model.safetensors"
     save_file(tensors, str(path), metadata={"format": "pt"})
     return path
 
 
-def write_target(out: Path, *, full: bool, layers: int, experts: int, with_head: bool, head_device: str = "cpu",
-                 overrides: dict | None = None) -> dict:  # fmt: skip
+def write_target(
+    out: Path, *, full: bool, layers: int, experts: int, with_head: bool, head_device: str = "cpu", overrides: dict | None = None
+) -> dict:
     """Write config.json, the tokenizer, provenance.json and (``with_head``) model.safetensors into ``out``."""
     if full:
         layers, experts = KIMI_K25_TEXT["num_hidden_layers"], KIMI_K25_TEXT["n_routed_experts"]
@@ -126,14 +214,15 @@ def write_target(out: Path, *, full: bool, layers: int, experts: int, with_head:
     provenance = {
         "architecture": f"{ARCHITECTURE}: the language model Kimi-K2.5 (KimiK25ForConditionalGeneration) wraps",
         "widths": "Kimi-K2.5's text_config (launch/kimi_reduced.py: KIMI_K25_TEXT)",
-        "shape": "full: Kimi-K2.5's 61 layers and 384 routed experts, INT4" if full
-                 else f"reduced: {layers} layers (the first dense), {experts} routed experts, bf16",
+        "shape": "full: Kimi-K2.5's 61 layers and 384 routed experts, INT4"
+        if full
+        else f"reduced: {layers} layers (the first dense), {experts} routed experts, bf16",
         "weights": "none for the decoder: run SGLang with load_format=dummy (random weights of these shapes)"
-                   + ("; model.safetensors: seeded random bf16 embed_tokens and lm_head for the trainer" if with_head else ""),
+        + ("; model.safetensors: seeded random bf16 embed_tokens and lm_head for the trainer" if with_head else ""),
         "tokenizer": f"SmolLM2-135M-Instruct's, copied from the embedded target {tok} (models/embedded.py); "
-                     f"its ids are < {config['vocab_size']}; Kimi's own tokenizer is not shipped",
+        f"its ids are < {config['vocab_size']}; Kimi's own tokenizer is not shipped",
         "written_by": "launch/kimi_reduced.py",
-    }  # fmt: skip
+    }
     (out / "provenance.json").write_text(json.dumps(provenance, indent=1))
     return config
 
@@ -148,8 +237,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--head-device", default="cuda" if torch.cuda.is_available() else "cpu", help="where the random head is drawn")
     a = p.parse_args(argv)
     config = write_target(a.out, full=a.full, layers=a.layers, experts=a.experts, with_head=a.with_head, head_device=a.head_device)
-    print(f"wrote {a.out}: {ARCHITECTURE}, {config['num_hidden_layers']} layers, {config['n_routed_experts']} routed experts"
-          f"{', INT4' if 'quantization_config' in config else ', bf16'}{', with embed + lm_head' if a.with_head else ''}")  # fmt: skip
+    print(
+        f"wrote {a.out}: {ARCHITECTURE}, {config['num_hidden_layers']} layers, {config['n_routed_experts']} routed experts"
+        f"{', INT4' if 'quantization_config' in config else ', bf16'}{', with embed + lm_head' if a.with_head else ''}"
+    )
     return config
 
 

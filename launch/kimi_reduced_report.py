@@ -64,7 +64,9 @@ def read_proc(pid: int) -> dict | None:
 
 
 def nvidia_smi(query: str, kind: str) -> list[list[str]]:
-    out = subprocess.run(["nvidia-smi", f"--query-{kind}={query}", "--format=csv,noheader,nounits"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["nvidia-smi", f"--query-{kind}={query}", "--format=csv,noheader,nounits"], capture_output=True, text=True, check=True
+    )
     return [[c.strip() for c in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
 
 
@@ -94,7 +96,13 @@ def watch(pid: int, out: Path, interval: float = 1.0) -> dict:
                 gpu_peak[index] = max(gpu_peak.get(index, 0), int(used))
             for app_pid, used in nvidia_smi("pid,used_memory", "compute-apps"):
                 app_peak[int(app_pid)] = max(app_peak.get(int(app_pid), 0), int(used))
-        result = {"root_pid": pid, "seconds": time.time() - start, "processes": procs, "gpu_used_peak_mib": gpu_peak, "app_used_peak_mib": app_peak}
+        result = {
+            "root_pid": pid,
+            "seconds": time.time() - start,
+            "processes": procs,
+            "gpu_used_peak_mib": gpu_peak,
+            "app_used_peak_mib": app_peak,
+        }
         out.write_text(json.dumps(result, indent=1))
         time.sleep(interval)
     return result
@@ -135,8 +143,15 @@ def flops_per_token(config: dict, num_aux: int, draft_vocab: int, ctx: float, tt
     s = TargetShape.from_config(config)
     tc = transformers_config(config)
     shape = draft_shape_for(tc, num_aux, draft_vocab)
-    no_target = {"hidden_size": s.hidden, "intermediate_size": s.intermediate, "num_hidden_layers": 0, "head_dim": shape.head_dim,
-                 "num_attention_heads": s.heads, "num_key_value_heads": tc.num_key_value_heads, "vocab_size": s.vocab}  # fmt: skip
+    no_target = {
+        "hidden_size": s.hidden,
+        "intermediate_size": s.intermediate,
+        "num_hidden_layers": 0,
+        "head_dim": shape.head_dim,
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": tc.num_key_value_heads,
+        "vocab_size": s.vocab,
+    }
     rest = bench_flops(no_target, shape, max(1, round(2 * ctx - 1)), ttt)
     target = moe_forward_flops(s, ctx)
     return {"target_forward": target, "labels": rest["labels"], "draft_train": rest["draft_train"], "total": target + rest["total"]}
@@ -153,12 +168,15 @@ def throughput(rows: list[dict], ranks: int) -> dict:
     times = [r["perf/train_time_s"] for r in train]
     tok_s = (seen[-1] - seen[0]) / (times[-1] - times[0]) if len(train) > 1 else seen[0] / times[0]
     return {
-        "tokens_per_s": tok_s, "tokens_per_s_windows": [r["perf/tokens_per_s"] for r in steady],
+        "tokens_per_s": tok_s,
+        "tokens_per_s_windows": [r["perf/tokens_per_s"] for r in steady],
         "stall_share_mean": sum(r["perf/stall_share"] for r in steady) / len(steady),
         "step_time_s_mean": sum(r["perf/step_time_s"] for r in steady) / len(steady),
-        "logged_steps": steps, "rank0_gpu_mem_gib": max(r.get("perf/gpu_mem_gb", 0.0) for r in train),
-        "losses": [r.get("train/loss") for r in train], "ranks": ranks,
-    }  # fmt: skip
+        "logged_steps": steps,
+        "rank0_gpu_mem_gib": max(r.get("perf/gpu_mem_gb", 0.0) for r in train),
+        "losses": [r.get("train/loss") for r in train],
+        "ranks": ranks,
+    }
 
 
 def read_run_config(path: Path) -> dict:
@@ -189,21 +207,33 @@ def disk_report(out: Path, ranks: list[dict], watched: dict | None, tokens: int,
     features = tokens * handoff
     beyond = max(0, written - files)
     return {
-        "trainer_ranks_write_bytes": rank_bytes, "other_processes": others, "written_bytes": written, "run_dir_file_bytes": files,
-        "written_beyond_run_files": beyond, "hidden_state_bytes_if_on_disk": features,
+        "trainer_ranks_write_bytes": rank_bytes,
+        "other_processes": others,
+        "written_bytes": written,
+        "run_dir_file_bytes": files,
+        "written_beyond_run_files": beyond,
+        "hidden_state_bytes_if_on_disk": features,
         "no_hidden_states_on_disk": features > 0 and beyond < 0.01 * features,
-    }  # fmt: skip
+    }
 
 
 def memory_report(plan: dict | None, ranks: list[dict], watched: dict | None) -> dict:
-    out: dict = {"per_rank": [{k: r.get(k) for k in ("rank", "pid", "device", "max_memory_allocated", "max_memory_reserved")} for r in ranks]}
+    out: dict = {
+        "per_rank": [{k: r.get(k) for k in ("rank", "pid", "device", "max_memory_allocated", "max_memory_reserved")} for r in ranks]
+    }
     if watched is not None:
         out["nvidia_smi_gpu_used_peak_gb"] = {i: mib * 2**20 / GB for i, mib in watched["gpu_used_peak_mib"].items()}
         names = {int(p): v["cmd"] for p, v in watched["processes"].items()}
-        out["nvidia_smi_process_peak_gb"] = {str(p): {"gb": mib * 2**20 / GB, "cmd": names.get(int(p), "not under the launcher (or another pid namespace)")}
-                                             for p, mib in watched["app_used_peak_mib"].items()}  # fmt: skip
+        out["nvidia_smi_process_peak_gb"] = {
+            str(p): {"gb": mib * 2**20 / GB, "cmd": names.get(int(p), "not under the launcher (or another pid namespace)")}
+            for p, mib in watched["app_used_peak_mib"].items()
+        }
     if plan is not None:
-        out["predicted_gb"] = {"engine": plan["engine_bytes"] / GB, "trainer": plan["trainer_bytes"] / GB, "per_gpu": plan["per_gpu_bytes"] / GB}
+        out["predicted_gb"] = {
+            "engine": plan["engine_bytes"] / GB,
+            "trainer": plan["trainer_bytes"] / GB,
+            "per_gpu": plan["per_gpu_bytes"] / GB,
+        }
     return out
 
 
@@ -227,18 +257,31 @@ def report(out: Path) -> dict:
     handoff = handoff_bytes_per_token(TargetShape.from_config(config), num_aux)
     verify = (out / "verify.txt").read_text() if (out / "verify.txt").is_file() else None
     result = {
-        "finished": summary is not None, "steps": (summary or {}).get("steps"), "stopped_by": (summary or {}).get("stopped_by"),
-        "tokens_seen": tokens, "train_time_s": (summary or {}).get("train_time_s"), "wall_time_s": (summary or {}).get("wall_time_s"),
-        "throughput": perf, "flops_per_token": flops, "flops_mean_doc_ctx": ctx, "peak_flops_per_gpu": PEAK_FLOPS,
-        "aux_width": {"expected": plan["facts"]["aux_width"], "engine_log_lines": aux_lines[:4],
-                      "how": "models/sglang_target.py check_aux_width raises on any batch whose SGLang output is not "
-                             f"{num_aux} x {config['hidden_size']} wide; the ring slots (trainer/stream/engine_process.py RingSpec) are that wide"},
+        "finished": summary is not None,
+        "steps": (summary or {}).get("steps"),
+        "stopped_by": (summary or {}).get("stopped_by"),
+        "tokens_seen": tokens,
+        "train_time_s": (summary or {}).get("train_time_s"),
+        "wall_time_s": (summary or {}).get("wall_time_s"),
+        "throughput": perf,
+        "flops_per_token": flops,
+        "flops_mean_doc_ctx": ctx,
+        "peak_flops_per_gpu": PEAK_FLOPS,
+        "aux_width": {
+            "expected": plan["facts"]["aux_width"],
+            "engine_log_lines": aux_lines[:4],
+            "how": "models/sglang_target.py check_aux_width raises on any batch whose SGLang output is not "
+            f"{num_aux} x {config['hidden_size']} wide; the ring slots (trainer/stream/engine_process.py RingSpec) are that wide",
+        },
         "memory": memory_report(plan, ranks, watched),
         "disk": disk_report(out, ranks, watched, tokens, handoff),
-        "export_verify": {"rc": int((out / "verify.rc").read_text()) if (out / "verify.rc").is_file() else None, "output": verify,
-                          "trainer_verify": (summary or {}).get("verify")},
+        "export_verify": {
+            "rc": int((out / "verify.rc").read_text()) if (out / "verify.rc").is_file() else None,
+            "output": verify,
+            "trainer_verify": (summary or {}).get("verify"),
+        },
         "eval": (summary or {}).get("eval"),
-    }  # fmt: skip
+    }
     (out / "result.json").write_text(json.dumps(result, indent=1))
     return result
 
@@ -247,19 +290,32 @@ def print_result(r: dict) -> None:
     perf = r["throughput"]
     print(f"finished: {r['finished']}  steps: {r['steps']} ({r['stopped_by']})  tokens: {r['tokens_seen']}")
     if perf:
-        print(f"tokens/s {perf['tokens_per_s']:.0f}  MFU {100 * perf['mfu']:.1f}%  stall {100 * perf['stall_share_mean']:.1f}%  "
-              f"step {perf['step_time_s_mean']:.2f} s  (FLOPs/token {r['flops_per_token']['total'] / 1e9:.1f} G)")  # fmt: skip
+        print(
+            f"tokens/s {perf['tokens_per_s']:.0f}  MFU {100 * perf['mfu']:.1f}%  stall {100 * perf['stall_share_mean']:.1f}%  "
+            f"step {perf['step_time_s_mean']:.2f} s  (FLOPs/token {r['flops_per_token']['total'] / 1e9:.1f} G)"
+        )
     for row in r["memory"]["per_rank"]:
         if row.get("max_memory_allocated") is not None:
-            print(f"rank {row['rank']}: trainer peak allocated {row['max_memory_allocated'] / GB:.1f} GB, reserved {row['max_memory_reserved'] / GB:.1f} GB")
+            print(
+                f"rank {row['rank']}: trainer peak allocated {row['max_memory_allocated'] / GB:.1f} GB, "
+                f"reserved {row['max_memory_reserved'] / GB:.1f} GB"
+            )
     for gpu, gb in r["memory"].get("nvidia_smi_gpu_used_peak_gb", {}).items():
         print(f"GPU {gpu}: nvidia-smi peak used {gb:.1f} GB (trainer + engine)")
     if "predicted_gb" in r["memory"]:
-        print(f"predicted per GPU: engine {r['memory']['predicted_gb']['engine']:.1f} GB + trainer {r['memory']['predicted_gb']['trainer']:.1f} GB")
+        print(
+            f"predicted per GPU: engine {r['memory']['predicted_gb']['engine']:.1f} GB "
+            f"+ trainer {r['memory']['predicted_gb']['trainer']:.1f} GB"
+        )
     d = r["disk"]
-    print(f"disk: {d['written_bytes'] / GB:.2f} GB written, {d['run_dir_file_bytes'] / GB:.2f} GB of run files; hidden states would be "
-          f"{d['hidden_state_bytes_if_on_disk'] / GB:.1f} GB; none on disk: {d['no_hidden_states_on_disk']}")  # fmt: skip
-    print(f"aux width {r['aux_width']['expected']}; engine log lines: {len(r['aux_width']['engine_log_lines'])}; export verify rc {r['export_verify']['rc']}")
+    print(
+        f"disk: {d['written_bytes'] / GB:.2f} GB written, {d['run_dir_file_bytes'] / GB:.2f} GB of run files; hidden states would be "
+        f"{d['hidden_state_bytes_if_on_disk'] / GB:.1f} GB; none on disk: {d['no_hidden_states_on_disk']}"
+    )
+    print(
+        f"aux width {r['aux_width']['expected']}; engine log lines: {len(r['aux_width']['engine_log_lines'])}; "
+        f"export verify rc {r['export_verify']['rc']}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -140,7 +140,7 @@ def base_size(overrides: list[str]) -> int:
     register_schema()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = to_config(compose(config_name="config", overrides=overrides))
-    (name, src), = cfg.data.sources.items()
+    ((name, src),) = cfg.data.sources.items()
     convs, _ = read_source(src.format, src.path, languages=src.languages, split=src.split, on_error=cfg.data.on_error, name=name)
     train, _ = Holdout.of(cfg.data, cfg.trainer.seed).split(name, convs)
     return len(train[: cfg.data.max_conversations])
@@ -190,18 +190,32 @@ def collect(point: Point, run_dir: Path, seconds: float) -> dict:
     k = sum(1 for key in evals if key.startswith("eval/accept_rate_"))
     trained = [r for r in rows if M.step_acc(0) in r]
     ttt = sum(1 for key in trained[-1] if key.startswith("train/acc_")) if trained else 0
-    curve = [{"step": r["step"], "train_time_s": r[M.TRAIN_TIME], "tokens_seen": r[M.TOKENS_SEEN], "accept_len": r[M.EVAL_ACCEPT_LEN]}
-             for r in rows if M.EVAL_ACCEPT_LEN in r and M.TRAIN_TIME in r]  # fmt: skip
+    curve = [
+        {"step": r["step"], "train_time_s": r[M.TRAIN_TIME], "tokens_seen": r[M.TOKENS_SEEN], "accept_len": r[M.EVAL_ACCEPT_LEN]}
+        for r in rows
+        if M.EVAL_ACCEPT_LEN in r and M.TRAIN_TIME in r
+    ]
     return {
-        "name": point.name, "size": point.size, "regime": point.regime, "run_dir": str(run_dir), "overrides": point.overrides,
+        "name": point.name,
+        "size": point.size,
+        "regime": point.regime,
+        "run_dir": str(run_dir),
+        "overrides": point.overrides,
         "data": {"base_conversations": point.base, "synthetic_conversations": point.synthetic},
-        "steps": summary["steps"], "stopped_by": summary["stopped_by"], "tokens_seen": summary["tokens_seen"],
-        "train_time_s": summary["train_time_s"], "fit_wall_s": summary["wall_time_s"], "process_wall_s": seconds,
-        "accept_len": evals[M.EVAL_ACCEPT_LEN], "accept_rate": [evals[M.accept_rate(i)] for i in range(k)],
+        "steps": summary["steps"],
+        "stopped_by": summary["stopped_by"],
+        "tokens_seen": summary["tokens_seen"],
+        "train_time_s": summary["train_time_s"],
+        "fit_wall_s": summary["wall_time_s"],
+        "process_wall_s": seconds,
+        "accept_len": evals[M.EVAL_ACCEPT_LEN],
+        "accept_rate": [evals[M.accept_rate(i)] for i in range(k)],
         "cond_accept_rate": [evals[M.cond_accept_rate(i)] for i in range(k)],
         "train_acc": [trained[-1][M.step_acc(i)] for i in range(ttt)] if trained else [],
-        "eval_sim_accept_len": summary["eval_sim_accept_len"], "eval_prompts": summary["eval_prompts"], "curve": curve,
-    }  # fmt: skip
+        "eval_sim_accept_len": summary["eval_sim_accept_len"],
+        "eval_prompts": summary["eval_prompts"],
+        "curve": curve,
+    }
 
 
 def run_point(point: Point, out: Path) -> dict:
@@ -218,7 +232,14 @@ def run_point(point: Point, out: Path) -> dict:
         result = collect(point, run_dir, seconds)
     else:
         tail = log.read_text(errors="replace").splitlines()[-20:]
-        result = {"name": point.name, "size": point.size, "regime": point.regime, "overrides": point.overrides, "error": f"exit {code}", "log_tail": tail}
+        result = {
+            "name": point.name,
+            "size": point.size,
+            "regime": point.regime,
+            "overrides": point.overrides,
+            "error": f"exit {code}",
+            "log_tail": tail,
+        }
     path = out / "points" / f"{point.name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
@@ -229,18 +250,38 @@ def run_point(point: Point, out: Path) -> dict:
 
 
 def table(results: Sequence[dict]) -> str:
-    header = ("point", "data (conversations)", "steps", "stopped by", "tokens seen", "train s", "wall s", "τ",
-              "accept rate per position", "train acc per position", "held-out sim. accept len")  # fmt: skip
+    header = (
+        "point",
+        "data (conversations)",
+        "steps",
+        "stopped by",
+        "tokens seen",
+        "train s",
+        "wall s",
+        "τ",
+        "accept rate per position",
+        "train acc per position",
+        "held-out sim. accept len",
+    )
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in results:
         if "error" in r:
             lines.append(f"| {r['name']} | failed: {r['error']} |" + " |" * (len(header) - 2))
             continue
         d = r["data"]
-        cells = (r["name"], f"{d['base_conversations']} base + {d['synthetic_conversations']} synthetic", r["steps"], r["stopped_by"],
-                 f"{r['tokens_seen']:,}", f"{r['train_time_s']:.0f}", f"{r['process_wall_s']:.0f}", f"{r['accept_len']:.3f}",
-                 " / ".join(f"{a:.3f}" for a in r["accept_rate"]), " / ".join(f"{a:.3f}" for a in r["train_acc"]),
-                 f"{r['eval_sim_accept_len']:.3f}")  # fmt: skip
+        cells = (
+            r["name"],
+            f"{d['base_conversations']} base + {d['synthetic_conversations']} synthetic",
+            r["steps"],
+            r["stopped_by"],
+            f"{r['tokens_seen']:,}",
+            f"{r['train_time_s']:.0f}",
+            f"{r['process_wall_s']:.0f}",
+            f"{r['accept_len']:.3f}",
+            " / ".join(f"{a:.3f}" for a in r["accept_rate"]),
+            " / ".join(f"{a:.3f}" for a in r["train_acc"]),
+            f"{r['eval_sim_accept_len']:.3f}",
+        )
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     done = [r for r in results if "error" not in r]
     origins = sorted({describe_eval_prompts(r["eval_prompts"]) for r in done})
@@ -277,7 +318,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="study directory (a rerun resumes it)")
     p.add_argument("--synthetic", type=Path, default=None, help="answered synthetic conversations (OpenAI-messages jsonl)")
     p.add_argument("--base-file", type=Path, default=None, help="base set as OpenAI-messages jsonl (default: the chatterbot corpus)")
-    p.add_argument("--holdout-categories", nargs="+", default=None, help="chatterbot categories held out of every run (data.holdout_categories)")
+    p.add_argument(
+        "--holdout-categories", nargs="+", default=None, help="chatterbot categories held out of every run (data.holdout_categories)"
+    )
     p.add_argument("--grid", type=Path, default=None, help="YAML: sizes, regimes, max_steps, max_time_s, overrides")
     p.add_argument("--sizes", type=int, nargs="+", default=None, help="multiples of the base set (default 1 4 16 64)")
     p.add_argument("--regimes", nargs="+", default=None, help="run only these regimes of the grid")

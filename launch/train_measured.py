@@ -30,11 +30,20 @@ def io_counters() -> dict[str, int]:
 
 def record(out: Path, start_io: dict[str, int]) -> None:
     rank = int(os.environ.get("RANK", "0"))
-    row = {"rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")), "pid": os.getpid(), "io_start": start_io, "io_end": io_counters()}
+    row = {
+        "rank": rank,
+        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+        "pid": os.getpid(),
+        "io_start": start_io,
+        "io_end": io_counters(),
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         device = torch.cuda.current_device()
-        row |= {"device": device, "max_memory_allocated": torch.cuda.max_memory_allocated(device),
-                "max_memory_reserved": torch.cuda.max_memory_reserved(device)}  # fmt: skip
+        row |= {
+            "device": device,
+            "max_memory_allocated": torch.cuda.max_memory_allocated(device),
+            "max_memory_reserved": torch.cuda.max_memory_reserved(device),
+        }
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{rank}.json").write_text(json.dumps(row, indent=1))
 

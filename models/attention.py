@@ -76,9 +76,7 @@ def causal_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float, doc_ids: Tens
     from torch.nn.attention.flex_attention import AuxRequest
 
     mask = _causal_block_mask(q.shape[2], str(q.device)) if doc_ids is None else _document_block_mask(doc_ids)
-    out, aux = _compiled_flex()(
-        q, k, v, block_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1], return_aux=AuxRequest(lse=True)
-    )
+    out, aux = _compiled_flex()(q, k, v, block_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1], return_aux=AuxRequest(lse=True))
     return out, aux.lse
 
 

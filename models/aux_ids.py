@@ -41,9 +41,7 @@ class AuxLayerIds:
         if ids[0] < 0:
             raise ValueError(f"aux layer ids {ids} out of range: they are outputs of decoder layers k and must be non-negative")
         if any(b <= a for a, b in zip(ids, ids[1:])):
-            raise ValueError(
-                f"aux layer ids {ids} must be strictly increasing (SGLang concatenates the captured layers in layer order)"
-            )
+            raise ValueError(f"aux layer ids {ids} must be strictly increasing (SGLang concatenates the captured layers in layer order)")
         if num_layers is not None and ids[-1] > num_layers - 2:
             raise ValueError(
                 f"aux layer ids {ids} out of range for a {num_layers}-layer target: ids are outputs of decoder layer k "

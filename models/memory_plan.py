@@ -29,13 +29,37 @@ EXTRA_CONTEXT = 4  # SGLang 0.5.14 req_to_token row headroom without speculative
 # The 8B-shaped measurement the draft activations are scaled from: docs/BENCHMARKS.md, colocated
 # row (Llama-3.1-8B target, draft vocab 32000, 4 x 2048 tokens, TTT 7): trainer peak 25.2 GiB,
 # with torch AdamW (bf16 states, no master copy) on one GPU.
-MEASURED_8B = {"peak_bytes": 25.2 * GIB, "tokens": 8192, "hidden": 4096, "intermediate": 14336, "heads": 32, "kv_heads": 8,
-               "head_dim": 128, "vocab": 128256, "draft_vocab": 32000}  # fmt: skip
+MEASURED_8B = {
+    "peak_bytes": 25.2 * GIB,
+    "tokens": 8192,
+    "hidden": 4096,
+    "intermediate": 14336,
+    "heads": 32,
+    "kv_heads": 8,
+    "head_dim": 128,
+    "vocab": 128256,
+    "draft_vocab": 32000,
+}
 
 
-SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "first_k_dense_replace", "intermediate_size", "moe_intermediate_size",
-              "n_routed_experts", "n_shared_experts", "num_experts_per_tok", "num_attention_heads", "q_lora_rank", "kv_lora_rank",
-              "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "vocab_size", "max_position_embeddings")  # fmt: skip
+SHAPE_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "first_k_dense_replace",
+    "intermediate_size",
+    "moe_intermediate_size",
+    "n_routed_experts",
+    "n_shared_experts",
+    "num_experts_per_tok",
+    "num_attention_heads",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_rope_head_dim",
+    "qk_nope_head_dim",
+    "v_head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+)
 
 
 @dataclass(frozen=True)
@@ -70,13 +94,25 @@ class TargetShape:
             raise ValueError(f"config.json: no {', '.join(missing)}; a DeepSeek-V3-architecture config is needed")
         bits, group = expert_format(text.get("quantization_config") or config.get("quantization_config"))
         return cls(
-            hidden=text["hidden_size"], layers=text["num_hidden_layers"], dense_layers=text["first_k_dense_replace"],
-            intermediate=text["intermediate_size"], moe_intermediate=text["moe_intermediate_size"],
-            experts=text["n_routed_experts"], shared_experts=text["n_shared_experts"], topk=text["num_experts_per_tok"],
-            heads=text["num_attention_heads"], q_lora=text["q_lora_rank"], kv_lora=text["kv_lora_rank"],
-            rope=text["qk_rope_head_dim"], nope=text["qk_nope_head_dim"], v_head=text["v_head_dim"],
-            vocab=text["vocab_size"], context=text["max_position_embeddings"], expert_bits=bits, group_size=group,
-        )  # fmt: skip
+            hidden=text["hidden_size"],
+            layers=text["num_hidden_layers"],
+            dense_layers=text["first_k_dense_replace"],
+            intermediate=text["intermediate_size"],
+            moe_intermediate=text["moe_intermediate_size"],
+            experts=text["n_routed_experts"],
+            shared_experts=text["n_shared_experts"],
+            topk=text["num_experts_per_tok"],
+            heads=text["num_attention_heads"],
+            q_lora=text["q_lora_rank"],
+            kv_lora=text["kv_lora_rank"],
+            rope=text["qk_rope_head_dim"],
+            nope=text["qk_nope_head_dim"],
+            v_head=text["v_head_dim"],
+            vocab=text["vocab_size"],
+            context=text["max_position_embeddings"],
+            expert_bits=bits,
+            group_size=group,
+        )
 
     @property
     def moe_layers(self) -> int:
@@ -137,9 +173,13 @@ def weight_bytes(s: TargetShape, tp: int) -> dict[str, float]:
     rest = sum(v for k, v in p.items() if k != "routed_experts") * BF16
     replicated = (s.layers * attention_params(s)["replicated"] + p["routers"] + p["norms"]) * BF16
     return {
-        "routed_experts": experts, "expert_scales": scales, "rest_bf16": rest, "total": experts + scales + rest,
-        "per_gpu": (experts + scales + rest - replicated) / tp + replicated, "replicated_per_gpu": replicated,
-    }  # fmt: skip
+        "routed_experts": experts,
+        "expert_scales": scales,
+        "rest_bf16": rest,
+        "total": experts + scales + rest,
+        "per_gpu": (experts + scales + rest - replicated) / tp + replicated,
+        "replicated_per_gpu": replicated,
+    }
 
 
 def kv_bytes_per_token(s: TargetShape) -> int:
@@ -193,8 +233,15 @@ def draft_counts(config, num_aux: int, draft_vocab: int) -> DraftCounts:
         draft = Eagle3Draft(shape)
     trainable = sum(p.numel() for p in draft.parameters() if p.requires_grad)
     frozen = sum(p.numel() for p in draft.parameters() if not p.requires_grad)
-    return DraftCounts(trainable, frozen, shape.hidden_size, shape.intermediate_size, shape.num_attention_heads * shape.head_dim,
-                       shape.num_key_value_heads * shape.head_dim, shape.draft_vocab_size)  # fmt: skip
+    return DraftCounts(
+        trainable,
+        frozen,
+        shape.hidden_size,
+        shape.intermediate_size,
+        shape.num_attention_heads * shape.head_dim,
+        shape.num_key_value_heads * shape.head_dim,
+        shape.draft_vocab_size,
+    )
 
 
 def ttt_width(h: int, i: int, q: int, kv: int, v: int) -> int:
@@ -208,8 +255,13 @@ def draft_activation_bytes(d: DraftCounts, tokens: int) -> float:
     """est.: the 8B-shaped measurement's activations (its peak less its exact states), scaled by
     tokens and by ``ttt_width``."""
     m = MEASURED_8B
-    trainable_8b = (3 * m["hidden"] * m["hidden"] + 2 * m["hidden"] * (m["heads"] + 2 * m["kv_heads"]) * m["head_dim"]
-                    + m["heads"] * m["head_dim"] * m["hidden"] + 3 * m["hidden"] * m["intermediate"] + m["hidden"] * m["draft_vocab"])  # fmt: skip
+    trainable_8b = (
+        3 * m["hidden"] * m["hidden"]
+        + 2 * m["hidden"] * (m["heads"] + 2 * m["kv_heads"]) * m["head_dim"]
+        + m["heads"] * m["head_dim"] * m["hidden"]
+        + 3 * m["hidden"] * m["intermediate"]
+        + m["hidden"] * m["draft_vocab"]
+    )
     states_8b = trainable_8b * (2 + 2 + 4) + 2 * m["vocab"] * m["hidden"] * BF16 + 3 * m["tokens"] * 4 * m["hidden"] * BF16
     width_8b = ttt_width(m["hidden"], m["intermediate"], m["heads"] * m["head_dim"], m["kv_heads"] * m["head_dim"], m["draft_vocab"])
     width = ttt_width(d.hidden, d.intermediate, d.q_width, d.kv_width, d.draft_vocab)
@@ -240,13 +292,31 @@ class Plan:
         return sum(i.bytes for i in self.items if process is None or i.process == process)
 
     def as_dict(self) -> dict:
-        return {"shape": asdict(self.shape), "tp": self.tp, "tokens": self.tokens, "ranks": self.ranks, "facts": self.facts,
-                "items": [asdict(i) for i in self.items], "engine_bytes": self.total("engine"),
-                "trainer_bytes": self.total("trainer"), "per_gpu_bytes": self.total()}  # fmt: skip
+        return {
+            "shape": asdict(self.shape),
+            "tp": self.tp,
+            "tokens": self.tokens,
+            "ranks": self.ranks,
+            "facts": self.facts,
+            "items": [asdict(i) for i in self.items],
+            "engine_bytes": self.total("engine"),
+            "trainer_bytes": self.total("trainer"),
+            "per_gpu_bytes": self.total(),
+        }
 
 
-def plan(config: dict, tp: int, tokens: int, *, ranks: int | None = None, slots: int = 3, num_aux: int = 3, draft_vocab: int = 32000,
-         max_total_tokens: int | None = None, hf_target_in_trainer: bool = False) -> Plan:  # fmt: skip
+def plan(
+    config: dict,
+    tp: int,
+    tokens: int,
+    *,
+    ranks: int | None = None,
+    slots: int = 3,
+    num_aux: int = 3,
+    draft_vocab: int = 32000,
+    max_total_tokens: int | None = None,
+    hf_target_in_trainer: bool = False,
+) -> Plan:
     """Per-GPU bytes with ``tokens`` a trainer rank's batch (``data.max_tokens``), ``ranks``
     trainer ranks over which ZeRO shards the optimizer (default ``tp``), a ring of ``slots``,
     and SGLang's KV pool of ``max_total_tokens`` (default: one prefill, ``tp x tokens``).
@@ -285,11 +355,21 @@ def plan(config: dict, tp: int, tokens: int, *, ranks: int | None = None, slots:
         target = sum(param_counts(s).values()) * BF16 - embed  # its lm_head is counted above
         items.append(Item("trainer", "the whole target through transformers, bf16 (load_target)", target))
     facts = {
-        "params": param_counts(s), "params_total": sum(param_counts(s).values()), "weights": w,
-        "kv_bytes_per_token": kv, "handoff_bytes_per_token": hand, "aux_width": num_aux * s.hidden,
-        "draft_trainable": d.trainable, "draft_frozen": d.frozen, "prefill_tokens": group, "kv_pool_tokens": pool,
-        "static_bytes": w["per_gpu"] + pool * kv, "num_aux": num_aux, "draft_vocab": draft_vocab, "slots": slots,
-    }  # fmt: skip
+        "params": param_counts(s),
+        "params_total": sum(param_counts(s).values()),
+        "weights": w,
+        "kv_bytes_per_token": kv,
+        "handoff_bytes_per_token": hand,
+        "aux_width": num_aux * s.hidden,
+        "draft_trainable": d.trainable,
+        "draft_frozen": d.frozen,
+        "prefill_tokens": group,
+        "kv_pool_tokens": pool,
+        "static_bytes": w["per_gpu"] + pool * kv,
+        "num_aux": num_aux,
+        "draft_vocab": draft_vocab,
+        "slots": slots,
+    }
     return Plan(s, tp, tokens, ranks, items, facts)
 
 
@@ -301,7 +381,8 @@ def format_plan(p: Plan, gpu_bytes: float = H200_BYTES) -> str:
         f"{f['params_total'] / 1e9:.2f} B parameters, weights {f['weights']['total'] / GB:.1f} GB",
         f"TP {p.tp}, {p.ranks} trainer ranks, {p.tokens} tokens a batch: a prefill of {f['prefill_tokens']} tokens; "
         f"KV {f['kv_bytes_per_token']} B/token ({f['kv_bytes_per_token'] / 1024:.1f} KiB), hand-off {f['handoff_bytes_per_token']} "
-        f"B/token ({f['handoff_bytes_per_token'] / 1024:.0f} KiB), aux width {f['aux_width']}; draft {f['draft_trainable'] / 1e9:.3f} B trainable",
+        f"B/token ({f['handoff_bytes_per_token'] / 1024:.0f} KiB), aux width {f['aux_width']}; "
+        f"draft {f['draft_trainable'] / 1e9:.3f} B trainable",
         f"{'process':<8} {'item':<62} {'GB':>7}",
     ]
     for i in p.items:
@@ -309,7 +390,10 @@ def format_plan(p: Plan, gpu_bytes: float = H200_BYTES) -> str:
     for name in ("engine", "trainer"):
         lines.append(f"{name:<8} {'total':<62} {p.total(name) / GB:>7.2f}")
     lines.append(f"{'GPU':<8} {'total (of ' + f'{gpu_bytes / GB:.1f} GB = {gpu_bytes / GIB:.1f} GiB)':<62} {p.total() / GB:>7.2f}")
-    lines.append(f"SGLang static (weights + KV pool) {f['static_bytes'] / GB:.2f} GB: mem_fraction_static must exceed it / the GPU memory free at engine start")
+    lines.append(
+        f"SGLang static (weights + KV pool) {f['static_bytes'] / GB:.2f} GB: "
+        "mem_fraction_static must exceed it / the GPU memory free at engine start"
+    )
     return "\n".join(lines)
 
 
@@ -323,12 +407,23 @@ def main(argv: list[str] | None = None) -> Plan:
     p.add_argument("--num-aux", type=int, default=3)
     p.add_argument("--draft-vocab", type=int, default=32000)
     p.add_argument("--max-total-tokens", type=int, default=None, help="SGLang KV pool (default: one prefill)")
-    p.add_argument("--hf-target-in-trainer", action="store_true", help="the trainer also loads the whole target (load_target through transformers)")
+    p.add_argument(
+        "--hf-target-in-trainer", action="store_true", help="the trainer also loads the whole target (load_target through transformers)"
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the plan here")
     a = p.parse_args(argv)
     config = json.loads((Path(a.config) / "config.json").read_text())
-    result = plan(config, a.tp, a.tokens, ranks=a.ranks, slots=a.slots, num_aux=a.num_aux, draft_vocab=a.draft_vocab,
-                  max_total_tokens=a.max_total_tokens, hf_target_in_trainer=a.hf_target_in_trainer)  # fmt: skip
+    result = plan(
+        config,
+        a.tp,
+        a.tokens,
+        ranks=a.ranks,
+        slots=a.slots,
+        num_aux=a.num_aux,
+        draft_vocab=a.draft_vocab,
+        max_total_tokens=a.max_total_tokens,
+        hf_target_in_trainer=a.hf_target_in_trainer,
+    )
     print(format_plan(result))
     if a.json is not None:
         a.json.write_text(json.dumps(result.as_dict(), indent=1))

@@ -52,7 +52,6 @@ from types import SimpleNamespace
 from typing import Callable, Sequence
 
 from models.aux_ids import AuxLayerIds
-from models.target_config import read_text_config
 from models.aux_support import (
     SGLANG_METHOD,
     SGLANG_PACKAGE,
@@ -65,6 +64,7 @@ from models.aux_support import (
     sglang_registry,
     source_version,
 )
+from models.target_config import read_text_config
 
 SOURCE_ENV = "STREAMDRAFT_SGLANG_SRC"
 INSTALL_HINT = "pip install 'streamdraft[sglang]'"
@@ -125,7 +125,7 @@ class SGLangSource:
             (owner, next(n for n in self._class_node(owner).body if isinstance(n, ast.FunctionDef) and n.name == name))
             for owner in ancestors(key, self.classes)
             if isinstance(owner, tuple) and owner in self.classes and name in self.classes[owner].methods
-        ]  # fmt: skip
+        ]
 
     def method(self, key: ClassKey, name: str) -> tuple[ClassKey, ast.FunctionDef] | None:
         """(owner, def) of method ``name`` as ``key`` resolves it: its own, else the first base's that has it."""
@@ -237,9 +237,8 @@ def replay_capture(source: SGLangSource, key: ClassKey, num_layers: int, argumen
 
 def _mentions(fn: ast.FunctionDef, names: Sequence[str]) -> bool:
     return any(
-        (isinstance(n, ast.Attribute) and n.attr in names) or (isinstance(n, ast.Constant) and n.value in names)
-        for n in ast.walk(fn)
-    )  # fmt: skip
+        (isinstance(n, ast.Attribute) and n.attr in names) or (isinstance(n, ast.Constant) and n.value in names) for n in ast.walk(fn)
+    )
 
 
 def _hands_aux_to_logits(fn: ast.FunctionDef) -> bool:
@@ -317,7 +316,7 @@ def preflight(
             f"its class {key[0]}.{key[1]} neither defines nor inherits {SGLANG_METHOD}, so SGLang cannot capture aux "
             f"hidden states for it: the draft would be handed {widths}, fc would be skipped and acceptance would "
             "collapse to ~1.0"
-        )  # fmt: skip
+        )
     ids = AuxLayerIds.of(aux_layer_ids, num_layers)
     captured = replay_capture(source, key, num_layers, ids.sglang_argument)
     if len(captured) != 1:
@@ -421,7 +420,11 @@ def backend_unavailable(backend: str, site: Path) -> str | None:
             return "flashinfer is not installed"
         prebuilt = _package(site, "flashinfer_jit_cache") is not None or (package / "data" / "aot").is_dir()
         sources = (package / "data" / "csrc").is_dir() and (package / "data" / "include").is_dir()
-        return None if prebuilt or sources else "flashinfer has neither prebuilt kernels (flashinfer_jit_cache) nor its JIT sources (flashinfer/data/csrc)"
+        return (
+            None
+            if prebuilt or sources
+            else "flashinfer has neither prebuilt kernels (flashinfer_jit_cache) nor its JIT sources (flashinfer/data/csrc)"
+        )
     if backend == "triton":
         return None if _package(site, "triton") is not None else "triton is not installed"
     return None
@@ -446,13 +449,15 @@ def choose_attention_backend(
     site = source.package_dir.parent
     if requested is not None:
         if requested not in (known := attention_backends(source)):
-            raise ValueError(f"config engine.sglang.attention_backend: SGLang {source.version} knows no {requested!r} (known: {', '.join(known)})")
+            raise ValueError(
+                f"config engine.sglang.attention_backend: SGLang {source.version} knows no {requested!r} (known: {', '.join(known)})"
+            )
         why = backend_unavailable(requested, site)
         if why is not None:
             raise ValueError(
                 f"config engine.sglang.attention_backend: {requested} cannot run with the SGLang install in {site} ({why}); "
                 "set engine.sglang.attention_backend=triton, or null to let StreamDraft choose"
-            )  # fmt: skip
+            )
         return BackendChoice(requested, "engine.sglang.attention_backend")
     why = backend_unavailable("fa3", site)
     if why is None and capability is not None and capability[0] != HOPPER:

@@ -26,8 +26,8 @@ prefix cache, and the KV pools are cleared after each batch: every batch is a fr
 from __future__ import annotations
 
 from array import array
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -145,10 +145,14 @@ class SGLangTargetEngine:
         runner.init_cuda_graphs()  # graphs are disabled: this builds the eager runner
         config = runner.model_config
         info = TargetInfo(
-            architecture=config.hf_config.architectures[0], model_type=config.hf_text_config.model_type,
-            num_layers=config.num_hidden_layers, hidden_size=config.hidden_size, vocab_size=config.vocab_size,
-            aux_layer_ids=ids.ids, source=recipe.path,
-        )  # fmt: skip
+            architecture=config.hf_config.architectures[0],
+            model_type=config.hf_text_config.model_type,
+            num_layers=config.num_hidden_layers,
+            hidden_size=config.hidden_size,
+            vocab_size=config.vocab_size,
+            aux_layer_ids=ids.ids,
+            source=recipe.path,
+        )
         return cls(runner, info, recipe, sglang.__version__)
 
     def _keep_final(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -186,13 +190,20 @@ class SGLangTargetEngine:
                 f"{r.max_total_num_tokens}: raise engine.sglang.mem_fraction_static or max_total_tokens, or lower data.max_tokens"
             )
         pools = CacheInitParams(
-            disable=True, req_to_token_pool=r.req_to_token_pool, token_to_kv_pool_allocator=r.token_to_kv_pool_allocator, page_size=r.page_size
+            disable=True,
+            req_to_token_pool=r.req_to_token_pool,
+            token_to_kv_pool_allocator=r.token_to_kv_pool_allocator,
+            page_size=r.page_size,
         )
         batch = ScheduleBatch.init_new(
-            reqs=[_request(i, doc) for i, doc in enumerate(docs)], req_to_token_pool=r.req_to_token_pool,
-            token_to_kv_pool_allocator=r.token_to_kv_pool_allocator, tree_cache=ChunkCache(pools), model_config=r.model_config,
-            enable_overlap=False, spec_algorithm=SpeculativeAlgorithm.NONE,
-        )  # fmt: skip
+            reqs=[_request(i, doc) for i, doc in enumerate(docs)],
+            req_to_token_pool=r.req_to_token_pool,
+            token_to_kv_pool_allocator=r.token_to_kv_pool_allocator,
+            tree_cache=ChunkCache(pools),
+            model_config=r.model_config,
+            enable_overlap=False,
+            spec_algorithm=SpeculativeAlgorithm.NONE,
+        )
         batch.prepare_for_extend()
         if batch.input_ids is None:  # ids staged on pinned CPU memory for an overlapped copy
             batch.input_ids, batch.prefill_input_ids_cpu = batch.prefill_input_ids_cpu.to(batch.device, non_blocking=True), None
@@ -233,21 +244,36 @@ def _model_runner(recipe: SGLangTarget, attention_backend: str, device: torch.de
     from sglang.srt.server_args import ServerArgs
 
     args = ServerArgs(
-        model_path=recipe.path, skip_tokenizer_init=True, dtype=DTYPE_NAMES[recipe.dtype], tp_size=recipe.tp_size,
-        mem_fraction_static=recipe.mem_fraction_static, attention_backend=attention_backend,
-        load_format=recipe.load_format, max_total_tokens=recipe.max_total_tokens, disable_radix_cache=True,
-        disable_prefill_cuda_graph=True, disable_decode_cuda_graph=True, random_seed=0,
-    )  # fmt: skip
+        model_path=recipe.path,
+        skip_tokenizer_init=True,
+        dtype=DTYPE_NAMES[recipe.dtype],
+        tp_size=recipe.tp_size,
+        mem_fraction_static=recipe.mem_fraction_static,
+        attention_backend=attention_backend,
+        load_format=recipe.load_format,
+        max_total_tokens=recipe.max_total_tokens,
+        disable_radix_cache=True,
+        disable_prefill_cuda_graph=True,
+        disable_decode_cuda_graph=True,
+        random_seed=0,
+    )
     _set_envs_and_config(args)
     initialize_moe_config(args)
     initialize_fp8_gemm_config(args)
     initialize_fp4_gemm_config(args)
     runner = ModelRunner(
-        model_config=ModelConfig.from_server_args(args), mem_fraction_static=args.mem_fraction_static,
-        gpu_id=device.index, tp_rank=recipe.tp_rank, tp_size=recipe.tp_size,
-        moe_ep_rank=recipe.tp_rank // (recipe.tp_size // args.ep_size), moe_ep_size=args.ep_size,
-        pp_rank=0, pp_size=1, nccl_port=recipe.dist_port, server_args=args,
-    )  # fmt: skip
+        model_config=ModelConfig.from_server_args(args),
+        mem_fraction_static=args.mem_fraction_static,
+        gpu_id=device.index,
+        tp_rank=recipe.tp_rank,
+        tp_size=recipe.tp_size,
+        moe_ep_rank=recipe.tp_rank // (recipe.tp_size // args.ep_size),
+        moe_ep_size=args.ep_size,
+        pp_rank=0,
+        pp_size=1,
+        nccl_port=recipe.dist_port,
+        server_args=args,
+    )
     runner.alloc_memory_pool()
     return runner
 

@@ -49,10 +49,14 @@ class TargetInfo:
         config's ``get_text_config()``); ``aux_layer_ids`` None: the default ids."""
         num_layers = text_config.num_hidden_layers
         return cls(
-            architecture=architecture, model_type=text_config.model_type, num_layers=num_layers,
-            hidden_size=text_config.hidden_size, vocab_size=vocab_size, aux_layer_ids=AuxLayerIds.resolve(aux_layer_ids, num_layers).ids,
+            architecture=architecture,
+            model_type=text_config.model_type,
+            num_layers=num_layers,
+            hidden_size=text_config.hidden_size,
+            vocab_size=vocab_size,
+            aux_layer_ids=AuxLayerIds.resolve(aux_layer_ids, num_layers).ids,
             source=source,
-        )  # fmt: skip
+        )
 
 
 def _decoder_layers(model: PreTrainedModel, architecture: str) -> tuple[nn.Module, nn.ModuleList]:
@@ -170,9 +174,7 @@ class HFTargetEngine:
 
         handles = [self._layers[k].register_forward_hook(hook_for(slot)) for slot, k in enumerate(ids)]
         try:
-            out = self._body(
-                input_ids=tokens.input_ids, attention_mask=attention_mask, position_ids=tokens.positions(), use_cache=False
-            )
+            out = self._body(input_ids=tokens.input_ids, attention_mask=attention_mask, position_ids=tokens.positions(), use_cache=False)
         finally:
             for handle in handles:
                 handle.remove()

@@ -49,7 +49,9 @@ def read_target_config(path: str | Path) -> tuple[str, PretrainedConfig]:
     model_type = TEXT_MODEL_TYPES.get(model_type, model_type)
     if model_type not in CONFIG_MAPPING:
         file = Path(path).expanduser() / CONFIG_FILE
-        raise ValueError(f"{file}: the language model's model_type {model_type!r} is not a config transformers {transformers.__version__} knows")
+        raise ValueError(
+            f"{file}: the language model's model_type {model_type!r} is not a config transformers {transformers.__version__} knows"
+        )
     return architecture, AutoConfig.for_model(model_type, **text)
 
 
@@ -62,7 +64,9 @@ def weight_map(directory: Path) -> dict[str, str]:
     if single.is_file():
         with safe_open(str(single), framework="pt") as f:
             return {name: SINGLE_FILE for name in f.keys()}
-    raise ValueError(f"target dir {directory}: neither {INDEX_FILE} nor {SINGLE_FILE}: the trainer reads the embedding and lm_head from safetensors")
+    raise ValueError(
+        f"target dir {directory}: neither {INDEX_FILE} nor {SINGLE_FILE}: the trainer reads the embedding and lm_head from safetensors"
+    )
 
 
 def read_tensor(directory: Path, files: dict[str, str], name: str) -> Tensor:
@@ -112,7 +116,9 @@ class TargetHead:
         the untied embedding stays on the CPU: only the draft's initialisation reads it)."""
         directory = Path(path).expanduser()
         if directory.suffix == ".gguf":
-            raise ValueError(f"target {directory}: a .gguf file has no tensors to read by name; pass its transformers dir (or engine.mode=inprocess)")
+            raise ValueError(
+                f"target {directory}: a .gguf file has no tensors to read by name; pass its transformers dir (or engine.mode=inprocess)"
+            )
         architecture, config = read_target_config(directory)
         files = weight_map(directory)
         embed_name, head_name = _first(files, EMBED_NAMES), _first(files, LM_HEAD_NAMES)
@@ -120,7 +126,9 @@ class TargetHead:
         if embed_name is None:
             raise ValueError(f"{where}: no embedding tensor (looked for {', '.join(EMBED_NAMES)})")
         if head_name is None and not config.tie_word_embeddings:
-            raise ValueError(f"{where}: no lm_head tensor (looked for {', '.join(LM_HEAD_NAMES)}) and {CONFIG_FILE} does not tie it to the embedding")
+            raise ValueError(
+                f"{where}: no lm_head tensor (looked for {', '.join(LM_HEAD_NAMES)}) and {CONFIG_FILE} does not tie it to the embedding"
+            )
         embed = _checked(read_tensor(directory, files, embed_name), embed_name, config, where).to(dtype)  # [V, H]
         if head_name is None:
             lm_head = embed = embed.to(device)

@@ -151,9 +151,7 @@ class VocabMap:
                 keys = set(f.keys())
                 missing = [k for k in KEYS if k not in keys]
                 if missing:
-                    raise ValueError(
-                        f"{path}: vocab map file lacks tensor(s) {missing} (it holds {sorted(keys)})"
-                    )
+                    raise ValueError(f"{path}: vocab map file lacks tensor(s) {missing} (it holds {sorted(keys)})")
                 extra = sorted(keys - set(KEYS))
                 if extra:
                     raise ValueError(f"{path}: vocab map file holds unexpected tensor(s) {extra}")

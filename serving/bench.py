@@ -157,17 +157,30 @@ def run_bench(
     latencies = [r.latency_s for r in ok]
     tokens = sum(r.output_tokens for r in ok)
     return BenchResult(
-        base_url, len(results), len(results) - len(ok), concurrency, wall, tokens, tokens / wall if wall > 0 else 0.0,
-        percentile(latencies, 50), percentile(latencies, 90), percentile(latencies, 99), probe(),
-    )  # fmt: skip
+        base_url,
+        len(results),
+        len(results) - len(ok),
+        concurrency,
+        wall,
+        tokens,
+        tokens / wall if wall > 0 else 0.0,
+        percentile(latencies, 50),
+        percentile(latencies, 90),
+        percentile(latencies, 99),
+        probe(),
+    )
 
 
 def format_comparison(draft: BenchResult, baseline: BenchResult | None) -> str:
     rows = [("", "with draft", "without draft")] if baseline else [("", "result", "")]
-    pairs = [("requests (errors)", lambda r: f"{r.requests} ({r.errors})"), ("output tokens/s", lambda r: f"{r.output_tokens_per_s:.1f}"),
-             ("latency p50 s", lambda r: f"{r.latency_p50_s:.3f}"), ("latency p90 s", lambda r: f"{r.latency_p90_s:.3f}"),
-             ("latency p99 s", lambda r: f"{r.latency_p99_s:.3f}"),
-             ("server accept length", lambda r: "n/a" if r.server_accept_length is None else f"{r.server_accept_length:.2f}")]  # fmt: skip
+    pairs = [
+        ("requests (errors)", lambda r: f"{r.requests} ({r.errors})"),
+        ("output tokens/s", lambda r: f"{r.output_tokens_per_s:.1f}"),
+        ("latency p50 s", lambda r: f"{r.latency_p50_s:.3f}"),
+        ("latency p90 s", lambda r: f"{r.latency_p90_s:.3f}"),
+        ("latency p99 s", lambda r: f"{r.latency_p99_s:.3f}"),
+        ("server accept length", lambda r: "n/a" if r.server_accept_length is None else f"{r.server_accept_length:.2f}"),
+    ]
     rows += [(name, f(draft), f(baseline) if baseline else "") for name, f in pairs]
     lines = [f"{a:<22}{b:>14}{c:>16}" for a, b, c in rows]
     if baseline and baseline.output_tokens_per_s > 0:

@@ -112,9 +112,14 @@ class EvalResult:
 
 
 def evaluate(
-    target: TargetRunner, draft: DraftRunner, tokenizer, prompts: list[PromptSpec], k: int, max_new_tokens: int,
+    target: TargetRunner,
+    draft: DraftRunner,
+    tokenizer,
+    prompts: list[PromptSpec],
+    k: int,
+    max_new_tokens: int,
     check_greedy: bool = False,
-) -> EvalResult:  # fmt: skip
+) -> EvalResult:
     """Speculative decoding over every turn of ``prompts``; see the module docstring."""
     if not prompts:
         raise ValueError("no prompts to evaluate on")
@@ -144,9 +149,15 @@ def evaluate(
 
 
 def evaluate_export(
-    export_dir: str | Path, model, tokenizer, prompts: list[PromptSpec], k: int | None = None, max_new_tokens: int = 128,
-    feature: str = "aux", check_greedy: bool = False,
-) -> EvalResult:  # fmt: skip
+    export_dir: str | Path,
+    model,
+    tokenizer,
+    prompts: list[PromptSpec],
+    k: int | None = None,
+    max_new_tokens: int = 128,
+    feature: str = "aux",
+    check_greedy: bool = False,
+) -> EvalResult:
     """Load ``export_dir`` onto the transformers target ``model`` and ``evaluate`` it.
 
     The aux layers captured are the export's (what the serving engine would capture); ``k``
@@ -200,7 +211,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"serving eval: loading the target {target_path} ({args.dtype}, {args.device})", file=sys.stderr, flush=True)
         engine = HFTargetEngine.from_path(target_path, device=args.device, dtype=getattr(torch, args.dtype))
         result = evaluate_export(
-            args.export_dir, engine.model, load_tokenizer(target_path), prompts, args.k, args.max_new_tokens, args.feature, args.check_greedy
+            args.export_dir,
+            engine.model,
+            load_tokenizer(target_path),
+            prompts,
+            args.k,
+            args.max_new_tokens,
+            args.feature,
+            args.check_greedy,
         )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

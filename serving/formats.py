@@ -74,10 +74,15 @@ class ExportSpec:
 
     @classmethod
     def of(
-        cls, aux_layer_ids, norm_output: bool, dtype: torch.dtype = torch.bfloat16, target_architecture: str | None = None,
-        target_num_layers: int | None = None, num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
+        cls,
+        aux_layer_ids,
+        norm_output: bool,
+        dtype: torch.dtype = torch.bfloat16,
+        target_architecture: str | None = None,
+        target_num_layers: int | None = None,
+        num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
         target_path: str | None = None,
-    ) -> "ExportSpec":  # fmt: skip
+    ) -> "ExportSpec":
         """A spec from plain values; ``target_num_layers``, when given, bounds the aux ids."""
         ids = AuxLayerIds.of(aux_layer_ids, target_num_layers)
         return cls(ids, norm_output, dtype, target_architecture, num_speculative_tokens, target_path)
@@ -139,8 +144,7 @@ def tensor_shapes(shape: DraftShape) -> dict[str, tuple[int, ...]]:
 def check_heads(shape: DraftShape) -> None:
     if shape.num_attention_heads % shape.num_key_value_heads:
         raise ValueError(
-            f"num_attention_heads ({shape.num_attention_heads}) is not a multiple of "
-            f"num_key_value_heads ({shape.num_key_value_heads})"
+            f"num_attention_heads ({shape.num_attention_heads}) is not a multiple of num_key_value_heads ({shape.num_key_value_heads})"
         )
 
 
@@ -204,20 +208,32 @@ def _fail_first(checks: list[tuple[bool, str]], where: str) -> None:
 
 
 LAYER_FIELDS = {
-    "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-    "num_hidden_layers", "hidden_act", "rms_norm_eps", "rope_theta", "max_position_embeddings", "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "num_hidden_layers",
+    "hidden_act",
+    "rms_norm_eps",
+    "rope_theta",
+    "max_position_embeddings",
+    "vocab_size",
     "tie_word_embeddings",
-}  # fmt: skip
+}
 
 
 def _layer_checks(layer: dict) -> list[tuple[bool, str]]:
     return [
         (layer["num_hidden_layers"] == 1, "num_hidden_layers must be 1"),
         (layer["hidden_act"] == "silu", "hidden_act must be 'silu'"),
-        (layer["tie_word_embeddings"] is False, "tie_word_embeddings must be false (the engine would tie lm_head to the full-vocab embedding)"),
+        (
+            layer["tie_word_embeddings"] is False,
+            "tie_word_embeddings must be false (the engine would tie lm_head to the full-vocab embedding)",
+        ),
         (not layer.get("attention_bias") and not layer.get("bias") and not layer.get("mlp_bias"), "biases are not supported"),
         (layer.get("rope_scaling") is None, "rope_scaling must be null"),
-    ]  # fmt: skip
+    ]
 
 
 def _shape(layer: dict, top: dict, num_aux: int) -> DraftShape:
@@ -369,12 +385,15 @@ class SGLangFormat(ExportFormat):
 
     def parse(self, config: dict, where: str) -> ExportConfig:
         _require(config, {"architectures", "model_type", *LAYER_FIELDS, *SGLANG_FIELDS}, where)
-        _fail_first([
-            (config["architectures"] == [self.architecture], f"architectures must be [{self.architecture!r}]"),
-            *_layer_checks(config),
-            (not config.get("fc_norm") and not config.get("use_aux_norm"), "fc_norm / use_aux_norm are not supported"),
-            (isinstance(config.get("norm_output", False), bool), "norm_output must be true or false"),
-        ], where)  # fmt: skip
+        _fail_first(
+            [
+                (config["architectures"] == [self.architecture], f"architectures must be [{self.architecture!r}]"),
+                *_layer_checks(config),
+                (not config.get("fc_norm") and not config.get("use_aux_norm"), "fc_norm / use_aux_norm are not supported"),
+                (isinstance(config.get("norm_output", False), bool), "norm_output must be true or false"),
+            ],
+            where,
+        )
         eagle = config["eagle_config"]
         ids = eagle.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle, dict) else None
         if not ids or eagle.get("use_aux_hidden_state") is not True:
@@ -409,10 +428,14 @@ class SGLangFormat(ExportFormat):
         return f"sglang {version}: {architecture} does not implement set_eagle3_layers_to_capture: no aux hidden-state capture; {wired}"
 
 
-VLLM_FIELDS = {"speculators_model_type", "transformer_layer_config", "draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids"}
-NORM_BEFORE_RESIDUAL = (
-    "norm_before_residual must be false (vLLM's speculators default is true: the residual would be the normed hidden)"
-)
+VLLM_FIELDS = {
+    "speculators_model_type",
+    "transformer_layer_config",
+    "draft_vocab_size",
+    "target_hidden_size",
+    "eagle_aux_hidden_state_layer_ids",
+}
+NORM_BEFORE_RESIDUAL = "norm_before_residual must be false (vLLM's speculators default is true: the residual would be the normed hidden)"
 NUM_AUX = "transformer_layer_config.num_aux_hidden_states must equal the number of aux layer ids (vLLM sizes fc by it, default 3)"
 
 
@@ -468,15 +491,18 @@ class VLLMFormat(ExportFormat):
         ids = config["eagle_aux_hidden_state_layer_ids"]
         if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             raise ValueError(f"{where}: eagle_aux_hidden_state_layer_ids must be a non-empty list of ints, got {ids!r}")
-        _fail_first([
-            (config["speculators_model_type"] == "eagle3", "speculators_model_type must be 'eagle3'"),
-            (layer.get("model_type", "llama") == "llama", "transformer_layer_config.model_type must be 'llama'"),
-            *_layer_checks(layer),
-            (config.get("norm_before_residual", True) is False, NORM_BEFORE_RESIDUAL),
-            (not config.get("norm_before_fc") and not config.get("fc_norm"), "norm_before_fc / fc_norm are not supported"),
-            (isinstance(config.get("norm_output", False), bool), "norm_output must be true or false"),
-            (layer.get("num_aux_hidden_states", 3) == len(ids), NUM_AUX),
-        ], where)  # fmt: skip
+        _fail_first(
+            [
+                (config["speculators_model_type"] == "eagle3", "speculators_model_type must be 'eagle3'"),
+                (layer.get("model_type", "llama") == "llama", "transformer_layer_config.model_type must be 'llama'"),
+                *_layer_checks(layer),
+                (config.get("norm_before_residual", True) is False, NORM_BEFORE_RESIDUAL),
+                (not config.get("norm_before_fc") and not config.get("fc_norm"), "norm_before_fc / fc_norm are not supported"),
+                (isinstance(config.get("norm_output", False), bool), "norm_output must be true or false"),
+                (layer.get("num_aux_hidden_states", 3) == len(ids), NUM_AUX),
+            ],
+            where,
+        )
         shape = _shape(layer, config, len(ids))
         provenance = _provenance_of(config)
         try:

@@ -24,7 +24,7 @@ def json_lines(path: Path) -> Iterator[RawRecord]:
     """One record a line, read as a stream (a large .jsonl is never held whole); a ``.gz`` file
     is read through gzip."""
     path = Path(path)
-    with (gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")) as f:
+    with gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue

@@ -77,12 +77,33 @@ class ServerSpec:
 
 
 def sglang_command(s: ServerSpec) -> list[str]:
-    cmd = [s.python, "-m", "sglang.launch_server", "--model-path", s.target, "--host", s.host, "--port", str(s.port),
-           "--tp-size", str(s.tp), "--enable-metrics"]  # fmt: skip
+    cmd = [
+        s.python,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        s.target,
+        "--host",
+        s.host,
+        "--port",
+        str(s.port),
+        "--tp-size",
+        str(s.tp),
+        "--enable-metrics",
+    ]
     if s.draft is not None:
-        cmd += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", s.draft,
-                "--speculative-num-steps", str(s.num_steps), "--speculative-eagle-topk", str(s.topk),
-                "--speculative-num-draft-tokens", str(s.num_draft_tokens or s.num_steps + 1)]  # fmt: skip
+        cmd += [
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--speculative-draft-model-path",
+            s.draft,
+            "--speculative-num-steps",
+            str(s.num_steps),
+            "--speculative-eagle-topk",
+            str(s.topk),
+            "--speculative-num-draft-tokens",
+            str(s.num_draft_tokens or s.num_steps + 1),
+        ]
     if s.mem_fraction is not None:
         cmd += ["--mem-fraction-static", str(s.mem_fraction)]
     if not s.cuda_graph:
@@ -91,8 +112,19 @@ def sglang_command(s: ServerSpec) -> list[str]:
 
 
 def vllm_command(s: ServerSpec) -> list[str]:
-    cmd = [s.python, "-m", "vllm.entrypoints.openai.api_server", "--model", s.target, "--host", s.host,
-           "--port", str(s.port), "--tensor-parallel-size", str(s.tp)]  # fmt: skip
+    cmd = [
+        s.python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        s.target,
+        "--host",
+        s.host,
+        "--port",
+        str(s.port),
+        "--tensor-parallel-size",
+        str(s.tp),
+    ]
     if s.draft is not None:
         spec = {"method": "eagle3", "model": s.draft, "num_speculative_tokens": s.num_steps}
         cmd += ["--speculative-config", json.dumps(spec)]
@@ -158,11 +190,15 @@ class Server:
         while True:
             code = self.proc.poll()
             if code is not None:
-                raise ServerError(f"server exited with code {code} before it was ready; log tail ({self.log_path}):\n{log_tail(self.log_path)}")
+                raise ServerError(
+                    f"server exited with code {code} before it was ready; log tail ({self.log_path}):\n{log_tail(self.log_path)}"
+                )
             if _answers(url, timeout=min(poll * 5, 10.0)):
                 return time.monotonic() - start
             if time.monotonic() - start > timeout:
-                raise ServerError(f"server not ready at {url} after {timeout:.0f} s; log tail ({self.log_path}):\n{log_tail(self.log_path)}")
+                raise ServerError(
+                    f"server not ready at {url} after {timeout:.0f} s; log tail ({self.log_path}):\n{log_tail(self.log_path)}"
+                )
             time.sleep(poll)
 
     def stop(self, grace: float = 30.0) -> None:
@@ -225,8 +261,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for readiness")
     p.add_argument("--log", type=Path, default=Path("server.log"))
     args, extra = p.parse_known_args(argv)
-    spec = ServerSpec(args.engine, args.target, args.draft, args.host, args.port, args.num_steps, args.topk, None,
-                      args.tp, args.mem_fraction, not args.no_cuda_graph, tuple(extra))  # fmt: skip
+    spec = ServerSpec(
+        args.engine,
+        args.target,
+        args.draft,
+        args.host,
+        args.port,
+        args.num_steps,
+        args.topk,
+        None,
+        args.tp,
+        args.mem_fraction,
+        not args.no_cuda_graph,
+        tuple(extra),
+    )
     if spec.draft is not None:
         try:
             check_draft_engine(spec.draft, spec.engine)

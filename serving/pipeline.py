@@ -50,9 +50,14 @@ def export_verify_eval(
     ``verify`` (the printed reports) and ``eval_wall_s`` (0 when not decoded).
     """
     spec = ExportSpec.of(
-        info.aux_layer_ids, norm_output, dtype, info.architecture, info.num_layers, k,
+        info.aux_layer_ids,
+        norm_output,
+        dtype,
+        info.architecture,
+        info.num_layers,
+        k,
         str(target_dir) if target_dir is not None else None,
-    )  # fmt: skip
+    )
     dirs = export_both(out_dir, draft, vocab, spec)
     reports = verify_exports(dirs, target_dir)
     problems = sum(len(r.problems) for r in reports.values())

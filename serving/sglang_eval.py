@@ -39,8 +39,10 @@ class SpecResult:
 
     def summary(self) -> str:
         rates = " / ".join(f"{r:.3f}" for r in self.accept_rate)
-        return (f"k = {self.k}: tau = {self.accept_len:.3f} ({self.verify_steps} verify steps, {self.new_tokens} tokens, "
-                f"{self.turns} turns, {self.wall_s:.1f} s); accept rate per position {rates}")  # fmt: skip
+        return (
+            f"k = {self.k}: tau = {self.accept_len:.3f} ({self.verify_steps} verify steps, {self.new_tokens} tokens, "
+            f"{self.turns} turns, {self.wall_s:.1f} s); accept rate per position {rates}"
+        )
 
 
 def tally(metas: list[dict], k: int) -> tuple[int, int, list[int]]:
@@ -82,8 +84,9 @@ def decode_all(engine, tokenizer, prompts: list[PromptSpec], sampling: dict) -> 
     return metas, turns
 
 
-def evaluate(export_dir: Path, target: Path, sets: dict[str, list[PromptSpec]], k: int, max_new_tokens: int, backend: str,
-             mem: float) -> dict[str, SpecResult]:
+def evaluate(
+    export_dir: Path, target: Path, sets: dict[str, list[PromptSpec]], k: int, max_new_tokens: int, backend: str, mem: float
+) -> dict[str, SpecResult]:
     """One engine with a ``k``-token chain; each prompt set decoded and tallied apart."""
     import sglang
 
@@ -93,11 +96,20 @@ def evaluate(export_dir: Path, target: Path, sets: dict[str, list[PromptSpec]], 
     # SGLang stops on the eos ids of config.json and generation_config.json; the tokenizer's eos is added
     stop = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     engine = sglang.Engine(
-        model_path=str(target), speculative_algorithm="EAGLE3", speculative_draft_model_path=str(export_dir),
-        speculative_num_steps=k, speculative_eagle_topk=1, speculative_num_draft_tokens=k + 1, attention_backend=backend,
-        sampling_backend="pytorch", skip_tokenizer_init=True, disable_cuda_graph=True, mem_fraction_static=mem, random_seed=0,
+        model_path=str(target),
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=str(export_dir),
+        speculative_num_steps=k,
+        speculative_eagle_topk=1,
+        speculative_num_draft_tokens=k + 1,
+        attention_backend=backend,
+        sampling_backend="pytorch",
+        skip_tokenizer_init=True,
+        disable_cuda_graph=True,
+        mem_fraction_static=mem,
+        random_seed=0,
         log_level="error",
-    )  # fmt: skip
+    )
     sampling = {"max_new_tokens": max_new_tokens, "temperature": 0.0, "stop_token_ids": stop}
     results = {}
     try:
@@ -134,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     for k in args.k:
         if k < 1:
             raise ValueError(f"--k must be >= 1, got {k}")
-        for f, r in evaluate(args.export_dir, target, sets, k, args.max_new_tokens, args.attention_backend, args.mem_fraction_static).items():
+        for f, r in evaluate(
+            args.export_dir, target, sets, k, args.max_new_tokens, args.attention_backend, args.mem_fraction_static
+        ).items():
             print(f"{f} ({len(sets[f])} prompts): {r.summary()}", flush=True)
             results[f][k] = asdict(r)
     if args.json:

@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
+from models.aux_support import aux_capture_support
 from models.target_config import read_text_config
 from models.vocab_map import VocabMap
-from models.aux_support import aux_capture_support
-from serving.formats import FORMATS, CONFIG_FILE, WEIGHTS_FILE, ExportConfig, format_named, format_of, read_config_file
+from serving.formats import CONFIG_FILE, FORMATS, WEIGHTS_FILE, ExportConfig, format_named, format_of, read_config_file
 from serving.loaders import Replay
 
 
@@ -102,7 +102,11 @@ def _layer_range(report: Report, parsed: ExportConfig, n: int) -> None:
     if bad:
         report.add("layers", "eagle_aux_hidden_state_layer_ids", f"{ids} out of range for a {n}-layer target: {bad} ({rule})")
     if parsed.target_num_layers is not None and parsed.target_num_layers != n:
-        report.add("layers", "streamdraft.target_num_layers", f"the draft was trained on a {parsed.target_num_layers}-layer target, this one has {n}")
+        report.add(
+            "layers",
+            "streamdraft.target_num_layers",
+            f"the draft was trained on a {parsed.target_num_layers}-layer target, this one has {n}",
+        )
 
 
 def _target(report: Report, parsed: ExportConfig, t: TargetFacts) -> None:
@@ -118,9 +122,17 @@ def _target(report: Report, parsed: ExportConfig, t: TargetFacts) -> None:
     if t.num_layers is not None:
         _layer_range(report, parsed, t.num_layers)
     if t.hidden_size is not None and t.hidden_size != s.target_hidden_size:
-        report.add("target", "target_hidden_size", f"the draft reads {s.target_hidden_size}-wide target states, the target's hidden is {t.hidden_size}")
+        report.add(
+            "target",
+            "target_hidden_size",
+            f"the draft reads {s.target_hidden_size}-wide target states, the target's hidden is {t.hidden_size}",
+        )
     if t.vocab_size is not None and t.vocab_size != s.vocab_size:
-        report.add("target", "vocab_size", f"the draft's vocab_size {s.vocab_size} != the target's {t.vocab_size} (d2t would index the wrong tokens)")
+        report.add(
+            "target",
+            "vocab_size",
+            f"the draft's vocab_size {s.vocab_size} != the target's {t.vocab_size} (d2t would index the wrong tokens)",
+        )
     if fmt.checks_fc_width() and s.num_aux * s.target_hidden_size == s.hidden_size:
         report.add("target", "fc.weight", "num_aux * target_hidden_size == hidden_size: SGLang would skip fc silently")
 

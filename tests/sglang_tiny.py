@@ -10,11 +10,29 @@ def tiny_deepseek_v3_config() -> DeepseekV3Config:
     first layer, then MoE layers with a shared expert; the routing fields a real config.json carries
     (DeepSeek-V3 and Kimi-K2.5 alike), which transformers' DeepseekV3Config lacks and SGLang reads."""
     return DeepseekV3Config(
-        vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=16,
-        first_k_dense_replace=1, moe_intermediate_size=256, n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
-        topk_group=1, kv_lora_rank=512, q_lora_rank=384, qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128,
-        max_position_embeddings=1024, moe_layer_freq=1, topk_method="noaux_tc", scoring_func="sigmoid",
-    )  # fmt: skip
+        vocab_size=512,
+        hidden_size=512,
+        intermediate_size=1024,
+        num_hidden_layers=8,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        first_k_dense_replace=1,
+        moe_intermediate_size=256,
+        n_shared_experts=1,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        kv_lora_rank=512,
+        q_lora_rank=384,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        qk_nope_head_dim=128,
+        max_position_embeddings=1024,
+        moe_layer_freq=1,
+        topk_method="noaux_tc",
+        scoring_func="sigmoid",
+    )
 
 
 MARGIN = 0.25  # an aux block's error to its own layer, at most this share of its error to any other layer

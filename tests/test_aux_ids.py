@@ -22,19 +22,22 @@ def test_resolve_takes_the_default_only_for_none():
         AuxLayerIds.resolve([1, 29], 30)
 
 
-@pytest.mark.parametrize("ids, num_layers, num_aux, match", [
-    ("1,2", None, None, "must be a list of ints"),
-    (7, None, None, "must be a list of ints"),
-    ([1.0, 2], None, None, "must be a list of ints"),
-    ([True, 2], None, None, "must be a list of ints"),
-    ([], None, None, "empty"),
-    ([-1, 3], 30, None, "out of range: .* must be non-negative"),
-    ([14, 1], 30, None, "strictly increasing"),
-    ([1, 1, 2], 30, None, "strictly increasing"),
-    ([1, 29], 30, None, r"out of range for a 30-layer target: .* must be <= 28"),
-    ([1, 30], 30, None, "out of range for a 30-layer target"),
-    ([1, 7], None, 3, r"2 aux layer ids \[1, 7\] for a draft whose fc reads 3 aux states"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "ids, num_layers, num_aux, match",
+    [
+        ("1,2", None, None, "must be a list of ints"),
+        (7, None, None, "must be a list of ints"),
+        ([1.0, 2], None, None, "must be a list of ints"),
+        ([True, 2], None, None, "must be a list of ints"),
+        ([], None, None, "empty"),
+        ([-1, 3], 30, None, "out of range: .* must be non-negative"),
+        ([14, 1], 30, None, "strictly increasing"),
+        ([1, 1, 2], 30, None, "strictly increasing"),
+        ([1, 29], 30, None, r"out of range for a 30-layer target: .* must be <= 28"),
+        ([1, 30], 30, None, "out of range for a 30-layer target"),
+        ([1, 7], None, 3, r"2 aux layer ids \[1, 7\] for a draft whose fc reads 3 aux states"),
+    ],
+)
 def test_each_invalid_input_is_named(ids, num_layers, num_aux, match):
     with pytest.raises(ValueError, match=match):
         AuxLayerIds.of(ids, num_layers, num_aux)
@@ -71,12 +74,15 @@ def test_from_vllm_inverts_vllm():
 
 def test_hidden_states_index_picks_the_outputs_of_layers_k():
     """The index is the tensor a forward hook on decoder layer k sees as its output."""
-    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=8, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=64)  # fmt: skip
+    config = LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2, vocab_size=64
+    )
     model = LlamaForCausalLM(config).eval()
     ids, outputs = AuxLayerIds.default(8), {}
     for k in ids.ids:
-        model.model.layers[k].register_forward_hook(lambda m, a, out, k=k: outputs.__setitem__(k, out[0] if isinstance(out, tuple) else out))
+        model.model.layers[k].register_forward_hook(
+            lambda m, a, out, k=k: outputs.__setitem__(k, out[0] if isinstance(out, tuple) else out)
+        )
     with torch.no_grad():
         hidden = model(input_ids=torch.arange(5)[None], output_hidden_states=True).hidden_states
     for k, i in zip(ids.ids, ids.hidden_states_index):

@@ -20,12 +20,15 @@ def _trainer(run_dir, *args, env_extra=None):
     return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.parametrize("override, says", [
-    ("draft.ttt_steps=0", "error: config draft.ttt_steps: must be >= 1"),
-    ("draft.ttt_step=3", "error: Could not override 'draft.ttt_step': Key 'ttt_step' not in 'DraftConfig'"),
-    ("+trainer.foo=1", "error: config trainer.foo: unknown key"),
-    ("target=local", "error: config target.path: mandatory value missing"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("draft.ttt_steps=0", "error: config draft.ttt_steps: must be >= 1"),
+        ("draft.ttt_step=3", "error: Could not override 'draft.ttt_step': Key 'ttt_step' not in 'DraftConfig'"),
+        ("+trainer.foo=1", "error: config trainer.foo: unknown key"),
+        ("target=local", "error: config target.path: mandatory value missing"),
+    ],
+)
 def test_a_config_error_is_a_few_lines(tmp_path, override, says):
     out = _trainer(tmp_path, override)
     assert out.returncode == 1
@@ -34,7 +37,10 @@ def test_a_config_error_is_a_few_lines(tmp_path, override, says):
 
 
 def test_verbose_and_hydra_full_error_give_the_trace(tmp_path):
-    for out in (_trainer(tmp_path, "draft.ttt_steps=0", "--verbose"), _trainer(tmp_path, "draft.ttt_steps=0", env_extra={"HYDRA_FULL_ERROR": "1"})):
+    for out in (
+        _trainer(tmp_path, "draft.ttt_steps=0", "--verbose"),
+        _trainer(tmp_path, "draft.ttt_steps=0", env_extra={"HYDRA_FULL_ERROR": "1"}),
+    ):
         assert out.returncode == 1 and "Traceback" in out.stderr and "draft.ttt_steps: must be >= 1" in out.stderr
 
 
@@ -42,7 +48,7 @@ def test_verbose_and_hydra_full_error_give_the_trace(tmp_path):
 def test_an_input_error_in_the_run_is_short_on_the_console_and_whole_in_the_run_log(tmp_path):
     out = _trainer(tmp_path, *TINY, "draft.vocab_size=60000")
     assert out.returncode == 1 and "Traceback" not in out.stderr + out.stdout, out.stderr
-    error = out.stderr[out.stderr.index("error: "):].strip().splitlines()  # after the weight-loading progress bar
+    error = out.stderr[out.stderr.index("error: ") :].strip().splitlines()  # after the weight-loading progress bar
     assert error[0].startswith("error: config draft.vocab_size: 60000 is above the target's vocabulary") and len(error) <= 3
     log = (tmp_path / "__main__.log").read_text()
     assert "config draft.vocab_size: 60000 is above" in log and "Traceback" in log, log
@@ -54,6 +60,9 @@ def test_quiet_filters_the_torch_gloo_notice_and_nothing_else(monkeypatch):
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         console.quiet_libraries()
-        warnings.warn("`torch.distributed.all_gather_into_tensor` is deprecated. Please use `torch.distributed.all_gather_single` instead.", FutureWarning)
+        warnings.warn(
+            "`torch.distributed.all_gather_into_tensor` is deprecated. Please use `torch.distributed.all_gather_single` instead.",
+            FutureWarning,
+        )
         warnings.warn("`torch.distributed.all_reduce_coalesced` will be deprecated.", FutureWarning)
     assert [str(w.message) for w in seen] == ["`torch.distributed.all_reduce_coalesced` will be deprecated."]

@@ -50,7 +50,8 @@ def test_wrong_type_is_refused():
 
 
 @pytest.mark.parametrize(
-    "override, key", [("schedule.name=linear", "schedule.name"), ("draft.ttt_steps=0", "draft.ttt_steps"), ("data.mix={web:1.0}", "data.mix")]
+    "override, key",
+    [("schedule.name=linear", "schedule.name"), ("draft.ttt_steps=0", "draft.ttt_steps"), ("data.mix={web:1.0}", "data.mix")],
 )
 def test_bad_value_names_the_key(override, key):
     with pytest.raises(ValueError, match=key):
@@ -67,7 +68,10 @@ def test_schedules():
     assert all(lr_factor(constant, s, total) == 1.0 for s in range(warm, total))
 
 
-@pytest.mark.parametrize("override, key", [("+trainer.foo=1", "trainer.foo"), ("+foo=1", "foo"), ("+data.sources.chatterbot.colour=red", "data.sources.chatterbot.colour")])
+@pytest.mark.parametrize(
+    "override, key",
+    [("+trainer.foo=1", "trainer.foo"), ("+foo=1", "foo"), ("+data.sources.chatterbot.colour=red", "data.sources.chatterbot.colour")],
+)
 def test_an_appended_unknown_key_is_refused(override, key):
     with pytest.raises(ValueError, match=rf"config {key}: unknown key"):
         _compose(override)

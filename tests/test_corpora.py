@@ -78,9 +78,23 @@ def evals_wheel(path, extra: dict[str, bytes] | None = None):
     sys_msg = "You are a helpful tutor. Answer the question and explain the reasoning in one or two sentences."
     members = {
         "evals/registry/data/maths/samples.jsonl": _lines(
-            *[{"input": [{"role": "system", "content": sys_msg}, {"role": "user", "content": f"What is {i} plus {i + 3}?"}], "ideal": str(2 * i + 3)} for i in range(6)],
+            *[
+                {
+                    "input": [{"role": "system", "content": sys_msg}, {"role": "user", "content": f"What is {i} plus {i + 3}?"}],
+                    "ideal": str(2 * i + 3),
+                }
+                for i in range(6)
+            ],
             {"input": "What is the capital city of France, and why is it the capital?", "ideal": ["Paris"]},
-            {"input": [{"role": "system", "content": sys_msg}, {"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2"}, {"role": "user", "content": "2+2"}], "ideal": "4"},
+            {
+                "input": [
+                    {"role": "system", "content": sys_msg},
+                    {"role": "user", "content": "1+1"},
+                    {"role": "assistant", "content": "2"},
+                    {"role": "user", "content": "2+2"},
+                ],
+                "ideal": "4",
+            },
         ),
         "evals/registry/data/games/moves.jsonl": _lines({"game_idx": 1, "previous_moves": []}),  # not a prompt file
         "evals/registry/data/code/sub/samples.jsonl": _lines(
@@ -140,7 +154,16 @@ def test_sharegpt_reads_whole_records_of_a_cut_off_array(tmp_path):
         prompts = list(sharegpt_prompts(z, counts))
     assert counts.read == len(records) - 1 and counts.truncated_tail == 1
     assert counts.skipped == {"continuation chunk": 1}
-    assert [p.id for p in prompts] == ["sharegpt:a_0", "sharegpt:b_0", "sharegpt:c_0", "sharegpt:d_0", "sharegpt:e_0", "sharegpt:x0_0", "sharegpt:x1_0", "sharegpt:x2_0"]
+    assert [p.id for p in prompts] == [
+        "sharegpt:a_0",
+        "sharegpt:b_0",
+        "sharegpt:c_0",
+        "sharegpt:d_0",
+        "sharegpt:e_0",
+        "sharegpt:x0_0",
+        "sharegpt:x1_0",
+        "sharegpt:x2_0",
+    ]
     assert prompts[0].turns == (EN[0], "And in reverse order, with the largest value first please?")
     assert prompts[0].record() == {"id": "sharegpt:a_0", "source": "sharegpt", "turns": list(prompts[0].turns)}
     assert prompts[0].conversation()[1] == {"role": "assistant", "content": "answer 0 to How do I s"}
@@ -242,7 +265,10 @@ def test_heldout_split_is_stable_and_leak_check_names_both_prompts(tmp_path):
     check = LeakCheck([("heldout.jsonl:1", held[0].turns[0])])
     check.check([(p.id, p.turns[0]) for p in train], "training prompt")
     near = "Well, " + held[0].turns[0].lower()
-    with pytest.raises(ValueError, match=r"training prompt t1: its first prompt .* is a near-duplicate \(Jaccard >= 0.7\) of held-out prompt heldout.jsonl:1"):
+    with pytest.raises(
+        ValueError,
+        match=r"training prompt t1: its first prompt .* is a near-duplicate \(Jaccard >= 0.7\) of held-out prompt heldout.jsonl:1",
+    ):
         check.check([("t0", EN[7]), ("t1", near)], "training prompt")
 
 
@@ -265,8 +291,12 @@ def test_prepare_end_to_end_on_tiny_wheels(tmp_path, monkeypatch):
     held_files = [str(out / f"heldout_{s}.jsonl") for s in ("sharegpt", "evals", "codeio")]
     assert [len(read_prompt_file(f)) for f in held_files] == [1, 2, 1]
     firsts = [(r["id"], parse_prompt(r, r["id"]).context[-1]["content"]) for r in lines]
-    LeakCheck([(f"{f}:{i}", p.context[-1]["content"]) for f in held_files for i, p in enumerate(read_prompt_file(f))]).check(firsts, "train")
-    with pytest.raises(ValueError, match="--heldout sharegpt=200: only 5 sharegpt prompts are left after filters and dedup"):  # the default size
+    LeakCheck([(f"{f}:{i}", p.context[-1]["content"]) for f in held_files for i, p in enumerate(read_prompt_file(f))]).check(
+        firsts, "train"
+    )
+    with pytest.raises(
+        ValueError, match="--heldout sharegpt=200: only 5 sharegpt prompts are left after filters and dedup"
+    ):  # the default size
         cli.main(["prepare", "--out", str(out), "--dir", str(tmp_path), "--on-error", "skip"])
     cli.main(["prepare", "--out", str(out), "--dir", str(tmp_path), "--heldout", "sharegpt=5", "evals=0", "codeio=0", "--on-error", "skip"])
     held_sg = read_prompt_file(out / "heldout_sharegpt.jsonl")
@@ -310,7 +340,9 @@ def test_prepare_data_refuses_a_training_conversation_that_repeats_a_heldout_pro
     held = tmp_path / "heldout_sharegpt.jsonl"
     held.write_text(json.dumps({"prompt": EN[2]}) + "\n")
     data = _sharegpt_file(tmp_path / "sg.json", [EN[1], "Hey, can you explain how photosynthesis works in simple terms for a child?"])
-    cfg = DataConfig(sources={"sg": DataSourceConfig(format="sharegpt", path=data, holdout_fraction=0.01)}, heldout_prompt_files=[str(held)])
+    cfg = DataConfig(
+        sources={"sg": DataSourceConfig(format="sharegpt", path=data, holdout_fraction=0.01)}, heldout_prompt_files=[str(held)]
+    )
     with pytest.raises(ValueError, match=rf"data.sources.sg: training conversation 1: .* near-duplicate .* of held-out prompt {held}:1"):
         prepare_data(cfg, tokenizer=None, seed=0)  # refused before anything is encoded
     cfg = DataConfig(sources={"sg": DataSourceConfig(format="sharegpt", path=data, holdout_fraction=0.01)})

@@ -30,16 +30,27 @@ def _conversations(n: int, held: int, seed: int = 0) -> list[list[dict]]:
 
 
 def _sharegpt_file(path, convs) -> str:
-    records = [{"id": f"c{i}", "conversations": [{"from": "human" if m["role"] == "user" else "gpt", "value": m["content"]} for m in c]} for i, c in enumerate(convs)]
+    records = [
+        {"id": f"c{i}", "conversations": [{"from": "human" if m["role"] == "user" else "gpt", "value": m["content"]} for m in c]}
+        for i, c in enumerate(convs)
+    ]
     path.write_text(json.dumps(records))
     return str(path)
 
 
 def test_forty_conversations_with_an_empty_heldout_split_fail_before_wandb(tmp_path):
     data = _sharegpt_file(tmp_path / "sg.json", _conversations(40, held=0))
-    cfg = tiny_config("data=sharegpt", f"data.sources.sharegpt.path={data}", "data.max_conversations=null", "data.max_eval_conversations=null")
+    cfg = tiny_config(
+        "data=sharegpt", f"data.sources.sharegpt.path={data}", "data.max_conversations=null", "data.max_eval_conversations=null"
+    )
     run_dir = tmp_path / "run"
-    with pytest.raises(ValueError, match=r"data.sources.sharegpt: the held-out split is empty \(sharegpt: 40 train / 0 held out; holdout_fraction 0.1\).*Raise data.sources.sharegpt.holdout_fraction \(or data.holdout_fraction\)"):
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"data.sources.sharegpt: the held-out split is empty \(sharegpt: 40 train / 0 held out; holdout_fraction 0.1\)"
+            r".*Raise data.sources.sharegpt.holdout_fraction \(or data.holdout_fraction\)"
+        ),
+    ):
         run(cfg, run_dir)
     assert not list(run_dir.rglob("wandb")) and not list(run_dir.rglob("metrics.jsonl"))
 
@@ -47,7 +58,13 @@ def test_forty_conversations_with_an_empty_heldout_split_fail_before_wandb(tmp_p
 def test_a_small_nonempty_heldout_split_prepares(tmp_path):
     convs = _conversations(40, held=2)
     data = _sharegpt_file(tmp_path / "sg.json", convs)
-    prepared = prepare_data(DataConfig(sources={"sg": DataSourceConfig(format="sharegpt", path=data)}, max_len=64), load_tokenizer(embedded_target_dir()), 0)
+    prepared = prepare_data(
+        DataConfig(sources={"sg": DataSourceConfig(format="sharegpt", path=data)}, max_len=64), load_tokenizer(embedded_target_dir()), 0
+    )
     assert len(prepared.eval["sg"]) == 2 and len(prepared.train["sg"]) + len(prepared.eval["sg"]) == 40
     with pytest.raises(ValueError, match=r"or data.max_eval_conversations \(it is 0\)"):
-        prepare_data(DataConfig(sources={"sg": DataSourceConfig(format="sharegpt", path=data)}, max_eval_conversations=0), load_tokenizer(embedded_target_dir()), 0)
+        prepare_data(
+            DataConfig(sources={"sg": DataSourceConfig(format="sharegpt", path=data)}, max_eval_conversations=0),
+            load_tokenizer(embedded_target_dir()),
+            0,
+        )

@@ -101,7 +101,11 @@ FAMILIES = {  # name: (template or None for SmolLM2's own, special tokens to add
     "smollm2": (None, [], "<|im_end|>"),
     "chatml": (CHATML, [], "<|im_end|>"),
     "llama3": (LLAMA3, ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"], "<|eot_id|>"),
-    "deepseek_v3": (DEEPSEEK_V3, ["<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"], "<｜end▁of▁sentence｜>"),
+    "deepseek_v3": (
+        DEEPSEEK_V3,
+        ["<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"],
+        "<｜end▁of▁sentence｜>",
+    ),
     "kimi_k2": (KIMI_K2, ["<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>"], "<|im_end|>"),
 }
 
@@ -167,9 +171,11 @@ def test_chatterbot_english(english):
     convs, stats = english
     turns = sum(len(c) for c in convs)
     firsts = {c[0]["content"] for c in convs}
-    print(f"\nchatterbot english: {stats.conversations} conversations, {turns} turns, {len(firsts)} distinct first "
-          f"prompts; skipped {stats.malformed} malformed, {stats.no_assistant} without assistant, "
-          f"{stats.duplicates} exact duplicates")
+    print(
+        f"\nchatterbot english: {stats.conversations} conversations, {turns} turns, {len(firsts)} distinct first "
+        f"prompts; skipped {stats.malformed} malformed, {stats.no_assistant} without assistant, "
+        f"{stats.duplicates} exact duplicates"
+    )
     # chatterbot-corpus 1.3.3 is pinned: these are its figures
     assert (stats.conversations, turns, len(firsts)) == (898, 2077, 748)
     assert (stats.malformed, stats.no_assistant, stats.duplicates) == (1, 0, 1127)

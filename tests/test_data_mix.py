@@ -70,10 +70,16 @@ def test_seeded_and_deterministic():
     assert a.epoch(0) != a.epoch(1) and a.epoch(0) != Mix(SIZES, WEIGHTS, seed=1).epoch(0)
 
 
-@pytest.mark.parametrize("weights, message", [
-    ({}, "data.mix is empty"), ({"web": 1.0}, "unknown source"), ({"sharegpt": 0.0}, "positive"),
-    ({"sharegpt": float("nan")}, "positive"), ({"sharegpt": True}, "positive"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "weights, message",
+    [
+        ({}, "data.mix is empty"),
+        ({"web": 1.0}, "unknown source"),
+        ({"sharegpt": 0.0}, "positive"),
+        ({"sharegpt": float("nan")}, "positive"),
+        ({"sharegpt": True}, "positive"),
+    ],
+)
 def test_bad_mixes(weights, message):
     with pytest.raises(ValueError, match=message):
         Mix(SIZES, weights, seed=0)

@@ -15,12 +15,18 @@ from trainer.datagen import gen_backend as G
 
 CONVS = [
     [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
-     {"role": "user", "content": "3+3?"}, {"role": "assistant", "content": "6"}, {"role": "user", "content": "bye"}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "3+3?"},
+        {"role": "assistant", "content": "6"},
+        {"role": "user", "content": "bye"},
+    ],
     [{"role": "user", "content": "Tell me a much longer story about a dragon, please."}, {"role": "assistant", "content": "Once..."}],
     [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."}],
     [{"role": "user", "content": "And a number?"}, {"role": "assistant", "content": "Seven."}],
-]  # fmt: skip
+]
 SETTINGS = R.GenerationSettings(max_new_tokens=6, batch_size=2)
 
 
@@ -108,7 +114,9 @@ def test_regenerated_records_are_read_by_the_openai_source(generator, tmp_path):
         last = max(i for i, m in enumerate(conv) if m["role"] == "assistant")
         kept = conv[: last + 1]  # the trailing user turn is dropped
         assert [m["role"] for m in record["messages"]] == [m["role"] for m in kept]
-        assert [m["content"] for m in record["messages"] if m["role"] != "assistant"] == [m["content"] for m in kept if m["role"] != "assistant"]
+        assert [m["content"] for m in record["messages"] if m["role"] != "assistant"] == [
+            m["content"] for m in kept if m["role"] != "assistant"
+        ]
         assert all(m["content"] != o["content"] for m, o in zip(record["messages"], kept) if m["role"] == "assistant")
 
 
@@ -152,13 +160,31 @@ def test_cli_on_a_file_source(tiny_target, tmp_path):
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps({"messages": c}) + "\n" for c in CONVS))
     out = tmp_path / "out.jsonl"
-    args = ["--format", "openai", "--path", str(source), "--target", str(tiny_target), "--output", str(out),
-            "--max-new-tokens", "3", "--batch-size", "4", "--limit", "3", "--device", "cpu"]  # fmt: skip
+    args = [
+        "--format",
+        "openai",
+        "--path",
+        str(source),
+        "--target",
+        str(tiny_target),
+        "--output",
+        str(out),
+        "--max-new-tokens",
+        "3",
+        "--batch-size",
+        "4",
+        "--limit",
+        "3",
+        "--device",
+        "cpu",
+    ]
     report = R.main(args)
     assert report.written == 3 and len(_lines(out)) == 3
     if not torch.cuda.is_available():  # auto: hf without a GPU; a static cache changes no greedy token
         again = R.main([*args, "--engine", "auto", "--static-cache", "--output", str(tmp_path / "auto.jsonl")])
-        assert again.written == 3 and sorted(_lines(tmp_path / "auto.jsonl"), key=lambda r: r["id"]) == sorted(_lines(out), key=lambda r: r["id"])
+        assert again.written == 3 and sorted(_lines(tmp_path / "auto.jsonl"), key=lambda r: r["id"]) == sorted(
+            _lines(out), key=lambda r: r["id"]
+        )
     with pytest.raises(ValueError, match="add --static-cache"):
         R.main([*args, "--compile"])
     with pytest.raises(ValueError, match="temperature"):
@@ -177,8 +203,16 @@ def test_greedy_generates_a_repeated_prompt_once(generator, tmp_path):
 def sglang_result(output_ids, finish_reason):
     """One ``sglang.Engine.generate`` result with ``skip_tokenizer_init`` (SGLang 0.5.14's
     TokenizerManager: BatchTokenIDOutput branch; finish reasons from FINISH_*.to_json)."""
-    meta = {"id": "f3a1", "finish_reason": finish_reason, "prompt_tokens": 12, "weight_version": "default", "num_retractions": 0,
-            "reasoning_tokens": 0, "completion_tokens": len(output_ids), "cached_tokens": 0}  # fmt: skip
+    meta = {
+        "id": "f3a1",
+        "finish_reason": finish_reason,
+        "prompt_tokens": 12,
+        "weight_version": "default",
+        "num_retractions": 0,
+        "reasoning_tokens": 0,
+        "completion_tokens": len(output_ids),
+        "cached_tokens": 0,
+    }
     return {"output_ids": output_ids, "meta_info": meta}
 
 
@@ -203,7 +237,11 @@ def test_sglang_requests_carry_the_settings():
 
 def test_engine_choice_and_batch_defaults_on_the_cpu():
     assert G.resolve_engine("auto") == ("sglang" if torch.cuda.is_available() and G.importlib.util.find_spec("sglang") else "hf")
-    assert G.default_batch_size("hf", "cpu") == 16 and G.default_batch_size("hf", "cuda") == 256 and G.default_batch_size("sglang", "cuda") == 2048
+    assert (
+        G.default_batch_size("hf", "cpu") == 16
+        and G.default_batch_size("hf", "cuda") == 256
+        and G.default_batch_size("sglang", "cuda") == 2048
+    )
     assert G.cut_at_stop([5, 6, 2, 9], [2]) == ([5, 6], "stop") and G.cut_at_stop([5, 6], [2]) == ([5, 6], "length")
     with pytest.raises(ValueError, match="--engine must be one of"):
         G.EngineSettings(engine="vllm")

@@ -68,10 +68,13 @@ def test_sharegpt_json_array_and_jsonl(tmp_path):
 
 
 def test_sharegpt_speaker_names_and_leading_assistant(tmp_path):
-    record = {"conversations": [
-        {"from": "gpt", "value": "Welcome! Ask me anything."},  # the assistant speaks first: no prompt for it
-        {"from": "user", "value": "Hi"}, {"from": "chatgpt", "value": "Hello!"},
-    ]}  # fmt: skip
+    record = {
+        "conversations": [
+            {"from": "gpt", "value": "Welcome! Ask me anything."},  # the assistant speaks first: no prompt for it
+            {"from": "user", "value": "Hi"},
+            {"from": "chatgpt", "value": "Hello!"},
+        ]
+    }
     convs, stats = _read("sharegpt", _jsonl(tmp_path / "a.jsonl", [record]))
     assert convs == [EXPECTED[0]] and stats.leading_turns_dropped == 1
 
@@ -93,19 +96,26 @@ def test_directory_of_files_in_name_order(tmp_path):
 
 
 def test_openai_messages(tmp_path):
-    record = {"messages": [
-        {"role": "developer", "content": "Be brief."},
-        {"role": "user", "content": [{"type": "text", "text": "2+"}, {"type": "text", "text": "2?"}]},
-        {"role": "assistant", "content": "4", "weight": 0},
-        {"role": "user", "content": "3+3?"},
-        {"role": "assistant", "content": "6", "reasoning_content": "3 and 3"},
-    ], "metadata": {"anything": 1}}  # fmt: skip
+    record = {
+        "messages": [
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "2+"}, {"type": "text", "text": "2?"}]},
+            {"role": "assistant", "content": "4", "weight": 0},
+            {"role": "user", "content": "3+3?"},
+            {"role": "assistant", "content": "6", "reasoning_content": "3 and 3"},
+        ],
+        "metadata": {"anything": 1},
+    }
     convs, _ = _read("openai", _jsonl(tmp_path / "o.jsonl", [record]))
-    assert convs == [[
-        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
-        {"role": "assistant", "content": "4", "weight": 0}, {"role": "user", "content": "3+3?"},
-        {"role": "assistant", "content": "6", "reasoning_content": "3 and 3"},
-    ]]  # fmt: skip
+    assert convs == [
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "4", "weight": 0},
+            {"role": "user", "content": "3+3?"},
+            {"role": "assistant", "content": "6", "reasoning_content": "3 and 3"},
+        ]
+    ]
 
 
 def test_hf_disk_dataset_and_dataset_dict(tmp_path):
@@ -126,8 +136,12 @@ def test_hf_disk_dataset_and_dataset_dict(tmp_path):
 
 
 def test_duplicates_and_no_assistant_are_skipped_and_counted(tmp_path):
-    records = [_messages(EXPECTED[0]), _messages(EXPECTED[0]), {"messages": [{"role": "user", "content": "alone"}]},
-               {"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "unprompted"}]}]  # fmt: skip
+    records = [
+        _messages(EXPECTED[0]),
+        _messages(EXPECTED[0]),
+        {"messages": [{"role": "user", "content": "alone"}]},
+        {"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "unprompted"}]},
+    ]
     convs, stats = _read("openai", _jsonl(tmp_path / "d.jsonl", records))
     assert convs == [EXPECTED[0]] and (stats.duplicates, stats.no_assistant, stats.conversations) == (1, 2, 1)
 
@@ -173,10 +187,13 @@ def test_json_array_errors(tmp_path):
         _read("sharegpt", path)
 
 
-@pytest.mark.parametrize("fmt, record, role", [
-    ("sharegpt", {"conversations": [{"from": "narrator", "value": "x"}]}, "narrator"),
-    ("openai", {"messages": [{"role": "tool", "content": "x"}]}, "tool"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "fmt, record, role",
+    [
+        ("sharegpt", {"conversations": [{"from": "narrator", "value": "x"}]}, "narrator"),
+        ("openai", {"messages": [{"role": "tool", "content": "x"}]}, "tool"),
+    ],
+)
 def test_unknown_role_is_always_an_error(tmp_path, fmt, record, role):
     path = _jsonl(tmp_path / "r.jsonl", [record])
     for on_error in ("raise", "skip"):
@@ -210,8 +227,10 @@ def tokenizer():
 
 def _corpus(tmp_path, n):
     """n distinct two-turn conversations as ShareGPT and UltraChat files."""
-    convs = [[{"role": "user", "content": f"Question {i}: what is {i} squared?"},
-              {"role": "assistant", "content": f"{i} squared is {i * i}."}] for i in range(n)]  # fmt: skip
+    convs = [
+        [{"role": "user", "content": f"Question {i}: what is {i} squared?"}, {"role": "assistant", "content": f"{i} squared is {i * i}."}]
+        for i in range(n)
+    ]
     sg = tmp_path / "sg.json"
     sg.write_text(json.dumps([_sharegpt(c) for c in convs]))
     pq.write_table(pa.Table.from_pylist([_messages(c) for c in convs[: n // 2]]), tmp_path / "uc.parquet")
@@ -221,10 +240,14 @@ def _corpus(tmp_path, n):
 def test_prepare_data_mix_of_file_sources(tmp_path, tokenizer):
     sg, uc = _corpus(tmp_path, 200)
     cfg = DataConfig(
-        sources={"sharegpt": DataSourceConfig(format="sharegpt", path=str(sg)),
-                 "ultrachat": DataSourceConfig(format="ultrachat", path=str(uc), holdout_fraction=0.3)},
-        mix={"sharegpt": 0.3, "ultrachat": 0.7}, max_len=64, max_tokens=256,
-    )  # fmt: skip
+        sources={
+            "sharegpt": DataSourceConfig(format="sharegpt", path=str(sg)),
+            "ultrachat": DataSourceConfig(format="ultrachat", path=str(uc), holdout_fraction=0.3),
+        },
+        mix={"sharegpt": 0.3, "ultrachat": 0.7},
+        max_len=64,
+        max_tokens=256,
+    )
     prepared = prepare_data(cfg, tokenizer, seed=0)
     assert prepared.mix.names == ("sharegpt", "ultrachat")
     n_sg, n_uc = len(prepared.train["sharegpt"]), len(prepared.train["ultrachat"])

@@ -105,9 +105,13 @@ def fitted(target, fitted_draft, tmp_path_factory):
     engine, _, path = target
     draft, vocab = fitted_draft
     spec = ExportSpec.of(
-        engine.info.aux_layer_ids, norm_output=False, target_architecture=engine.info.architecture,
-        target_num_layers=engine.info.num_layers, num_speculative_tokens=K, target_path=str(path),
-    )  # fmt: skip
+        engine.info.aux_layer_ids,
+        norm_output=False,
+        target_architecture=engine.info.architecture,
+        target_num_layers=engine.info.num_layers,
+        num_speculative_tokens=K,
+        target_path=str(path),
+    )
     return export_both(tmp_path_factory.mktemp("fitted"), draft, vocab, spec)
 
 
@@ -149,9 +153,20 @@ def test_miswired_server_is_flagged_and_accepts_about_one(target, fitted):
 
 def test_draft_runner_equals_the_ttt_unroll():
     """Serving (extend rows + chain steps on a KV cache) feeds back what the TTT unroll trains on."""
-    s = DraftShape(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                   target_hidden_size=24, num_aux=3, vocab_size=50, draft_vocab_size=20, rms_norm_eps=1e-6,
-                   rope_theta=10000.0, max_position_embeddings=64)  # fmt: skip
+    s = DraftShape(
+        hidden_size=32,
+        intermediate_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        target_hidden_size=24,
+        num_aux=3,
+        vocab_size=50,
+        draft_vocab_size=20,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     draft = Eagle3Draft(s).eval()
     t, steps = 6, 3
@@ -188,15 +203,22 @@ def test_target_features_are_the_training_capture(target):
 
 def test_prompt_formats_and_errors(tmp_path):
     path = tmp_path / "p.jsonl"
-    rows = [{"prompt": "hi"}, {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q"}]},
-            {"turns": ["first", "second", "third"]}]  # fmt: skip
+    rows = [
+        {"prompt": "hi"},
+        {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q"}]},
+        {"turns": ["first", "second", "third"]},
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     specs = read_prompt_file(path)
     assert [s.turns for s in specs] == [1, 1, 3] and specs[1].context[0]["role"] == "system"
     assert len(read_prompt_file(path, limit=2)) == 2
-    for bad, message in [({"prompt": ""}, "non-empty"), ({"prompt": "a", "turns": ["b"]}, "exactly one"),
-                         ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}, "end with a user"),
-                         ({"messages": [{"role": "bot", "content": "q"}]}, "role"), ({"turns": []}, "non-empty list")]:  # fmt: skip
+    for bad, message in [
+        ({"prompt": ""}, "non-empty"),
+        ({"prompt": "a", "turns": ["b"]}, "exactly one"),
+        ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}, "end with a user"),
+        ({"messages": [{"role": "bot", "content": "q"}]}, "role"),
+        ({"turns": []}, "non-empty list"),
+    ]:
         with pytest.raises(ValueError, match=message):
             parse_prompt(bad, "x.jsonl:1")
     (tmp_path / "bad.jsonl").write_text("{not json\n")
@@ -209,9 +231,13 @@ def test_written_prompts_read_back_equal(tmp_path):
         [{"role": "user", "content": "one"}],
         [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "again"}],
         [{"role": "system", "content": "be brief"}, {"role": "user", "content": "s"}],
-        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "s"}, {"role": "assistant", "content": "a"},
-         {"role": "user", "content": "more"}],
-    ]  # fmt: skip
+        [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "s"},
+            {"role": "assistant", "content": "a"},
+            {"role": "user", "content": "more"},
+        ],
+    ]
     specs = prompts_from_conversations(conversations)
     assert [s.turns for s in specs] == [1, 2, 1, 2]
     assert read_prompt_file(write_prompt_file(specs, tmp_path / "eval_prompts.jsonl")) == specs
@@ -235,8 +261,20 @@ def test_eval_cli_reports_tau_and_checks_greedy(fitted, target, tmp_path, capsys
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"turns": [QUESTIONS[0], "Say it again."]}) + "\n")
     out = tmp_path / "r.json"
-    code = eval_main([str(fitted["vllm"]), "--target", str(path), "--prompts", str(prompts), "--max-new-tokens", "12",
-                      "--check-greedy", "--json", str(out)])  # fmt: skip
+    code = eval_main(
+        [
+            str(fitted["vllm"]),
+            "--target",
+            str(path),
+            "--prompts",
+            str(prompts),
+            "--max-new-tokens",
+            "12",
+            "--check-greedy",
+            "--json",
+            str(out),
+        ]
+    )
     printed, progress = capsys.readouterr()
     assert code == 0 and "accept length tau" in printed and "identical" in printed
     assert f"serving eval: loading the target {path}" in progress and "serving eval: 100%" in progress
@@ -250,8 +288,19 @@ def test_export_verify_eval_for_the_training_loop(target, fitted_draft, tmp_path
     engine, tokenizer, path = target
     draft, vocab = fitted_draft
     prompts = [PromptSpec(({"role": "user", "content": q},)) for q in QUESTIONS[:2]]
-    metrics = export_verify_eval(draft, vocab, engine.info, engine.model, tokenizer, prompts, tmp_path / "export", norm_output=False,
-                                 k=K, max_new_tokens=16, target_dir=path)  # fmt: skip
+    metrics = export_verify_eval(
+        draft,
+        vocab,
+        engine.info,
+        engine.model,
+        tokenizer,
+        prompts,
+        tmp_path / "export",
+        norm_output=False,
+        k=K,
+        max_new_tokens=16,
+        target_dir=path,
+    )
     assert metrics["eval/verify_problems"] == 0 and metrics["eval/accept_len"] > 1.5
     assert [f"eval/accept_rate_{i}" in metrics for i in range(K)] == [True] * K
     assert sorted(p.name for p in (tmp_path / "export").iterdir()) == ["sglang", "vllm"]
@@ -259,5 +308,11 @@ def test_export_verify_eval_for_the_training_loop(target, fitted_draft, tmp_path
     with pytest.raises(ValueError, match="2 aux layer ids"):  # a draft the engines cannot serve never gets evaluated
         other_ids = HFTargetEngine(engine.model, aux_layer_ids=[1, 14])  # the same model, two aux layers
         export_verify_eval(draft, vocab, other_ids.info, other_ids.model, tokenizer, prompts, tmp_path / "bad", norm_output=False)
-    unevaluated = export_verify_eval(draft, vocab, engine.info, None, tokenizer, prompts, tmp_path / "plain", norm_output=False, k=K, target_dir=path)
-    assert unevaluated["eval/verify_problems"] == 0 and "eval/accept_len" not in unevaluated and unevaluated["verify"]["sglang"].startswith("OK")
+    unevaluated = export_verify_eval(
+        draft, vocab, engine.info, None, tokenizer, prompts, tmp_path / "plain", norm_output=False, k=K, target_dir=path
+    )
+    assert (
+        unevaluated["eval/verify_problems"] == 0
+        and "eval/accept_len" not in unevaluated
+        and unevaluated["verify"]["sglang"].startswith("OK")
+    )

@@ -16,10 +16,19 @@ from serving.formats import FORMATS, ExportSpec, format_of, read_export_config
 
 # hidden 64 != target hidden 48: SGLang keeps the draft's own embedding, so it is exported.
 CARRIED = DraftShape(
-    hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-    target_hidden_size=48, num_aux=3, vocab_size=300, draft_vocab_size=100, rms_norm_eps=1e-5,
-    rope_theta=500000.0, max_position_embeddings=512,
-)  # fmt: skip
+    hidden_size=64,
+    intermediate_size=96,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    target_hidden_size=48,
+    num_aux=3,
+    vocab_size=300,
+    draft_vocab_size=100,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    max_position_embeddings=512,
+)
 # hidden == target hidden: SGLang shares the target embedding, so it is not exported.
 SHARED = DraftShape(**{**CARRIED.to_dict(), "target_hidden_size": 64})
 AUX_IDS = [1, 7, 12]
@@ -146,8 +155,13 @@ def _sglang_param_name(name: str) -> str | None:
         name = name.replace(legacy, new)
     if "d2t" in name or "t2d" in name:
         return None
-    for param, shard in [(".qkv_proj", ".q_proj"), (".qkv_proj", ".k_proj"), (".qkv_proj", ".v_proj"),
-                         (".gate_up_proj", ".gate_proj"), (".gate_up_proj", ".up_proj")]:  # fmt: skip
+    for param, shard in [
+        (".qkv_proj", ".q_proj"),
+        (".qkv_proj", ".k_proj"),
+        (".qkv_proj", ".v_proj"),
+        (".gate_up_proj", ".gate_proj"),
+        (".gate_up_proj", ".up_proj"),
+    ]:
         if shard in name:
             name = name.replace(shard, param)
             break
@@ -157,12 +171,18 @@ def _sglang_param_name(name: str) -> str | None:
 def test_every_tensor_lands_on_an_sglang_parameter(tmp_path):
     out, _, _ = _export(tmp_path)
     sglang_params = {
-        "model.embed_tokens.weight", "model.fc.weight", "model.layers.0.self_attn.qkv_proj.weight",
-        "model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.gate_up_proj.weight",
-        "model.layers.0.mlp.down_proj.weight", "model.layers.0.input_layernorm.weight",
-        "model.layers.0.post_attention_layernorm.weight", "model.layers.0.hidden_norm.weight",
-        "model.norm.weight", "lm_head.weight",
-    }  # fmt: skip
+        "model.embed_tokens.weight",
+        "model.fc.weight",
+        "model.layers.0.self_attn.qkv_proj.weight",
+        "model.layers.0.self_attn.o_proj.weight",
+        "model.layers.0.mlp.gate_up_proj.weight",
+        "model.layers.0.mlp.down_proj.weight",
+        "model.layers.0.input_layernorm.weight",
+        "model.layers.0.post_attention_layernorm.weight",
+        "model.layers.0.hidden_norm.weight",
+        "model.norm.weight",
+        "lm_head.weight",
+    }
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         landed = {_sglang_param_name(k) for k in f.keys()} - {None}
     assert landed == sglang_params
@@ -172,14 +192,28 @@ def test_config_fields(tmp_path):
     out, _, vocab = _export(tmp_path, norm_output=True, target_num_layers=16)
     config = json.loads((out / "config.json").read_text())
     expected = {
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 64,
-        "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "num_hidden_layers": 1, "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-        "rope_scaling": None, "max_position_embeddings": 512, "vocab_size": 300, "draft_vocab_size": 100,
-        "target_hidden_size": 48, "tie_word_embeddings": False, "attention_bias": False,
-        "torch_dtype": "float32", "norm_output": True,
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "num_hidden_layers": 1,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "rope_scaling": None,
+        "max_position_embeddings": 512,
+        "vocab_size": 300,
+        "draft_vocab_size": 100,
+        "target_hidden_size": 48,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "torch_dtype": "float32",
+        "norm_output": True,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 7, 12], "use_aux_hidden_state": True},
-    }  # fmt: skip
+    }
     for key, value in expected.items():
         assert config[key] == value, key
     assert config["streamdraft"]["target_architecture"] == "LlamaForCausalLM"
@@ -316,7 +350,9 @@ def test_export_refuses_bad_arguments(tmp_path, kw, message):
 
 
 def test_export_refuses_a_draft_whose_fc_sglang_would_skip(tmp_path):
-    shape = DraftShape(**{**CARRIED.to_dict(), "target_hidden_size": 16, "hidden_size": 48, "num_attention_heads": 3, "num_key_value_heads": 1})
+    shape = DraftShape(
+        **{**CARRIED.to_dict(), "target_hidden_size": 16, "hidden_size": 48, "num_attention_heads": 3, "num_key_value_heads": 1}
+    )
     with pytest.raises(ValueError, match="skip fc silently"):
         _export(tmp_path, shape=shape)
 

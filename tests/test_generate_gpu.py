@@ -39,9 +39,19 @@ def target(tmp_path_factory):
     except ValueError as err:
         pytest.skip(f"no embedded SmolLM2 tokenizer: {err}")
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=2048, initializer_range=0.1, bos_token_id=1,
-                         eos_token_id=2, pad_token_id=2)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        initializer_range=0.1,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
     path = tmp_path_factory.mktemp("tiny_llama")
     LlamaForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)

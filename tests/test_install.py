@@ -16,10 +16,19 @@ def test_a_wheel_install_composes_the_recipes_outside_the_checkout(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"))
     out = subprocess.run(
         [sys.executable, "-m", "trainer", "--cfg", "job", "+experiment=grok_100ep"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, check=True,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert "epochs: 100" in out and "name: constant" in out
     where = subprocess.run(
-        [sys.executable, "-c", "import trainer.__main__ as m; print(m.CONF_DIR)"], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", "import trainer.__main__ as m; print(m.CONF_DIR)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     assert where == str(tmp_path / "site" / "conf")

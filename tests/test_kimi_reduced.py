@@ -16,13 +16,24 @@ from safetensors import safe_open
 
 from launch.kimi_reduced import ARCHITECTURE, KIMI_K25_TEXT, SGLANG_GUARDED, SGLANG_READS, write_target
 from launch.kimi_reduced_report import children, moe_forward_flops, read_proc, watch
-from models.memory_plan import GB, TargetShape, main as plan_main, param_counts, plan
+from models.memory_plan import GB, TargetShape, param_counts, plan
+from models.memory_plan import main as plan_main
 from trainer.config import register_schema, to_config
 
 ROOT = Path(__file__).resolve().parents[1]
 # Kimi-K2.5's structure at tiny widths: what a CPU can load through transformers
-TINY = dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_attention_heads=4, num_key_value_heads=4,
-            q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)  # fmt: skip
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=32,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    q_lora_rank=32,
+    kv_lora_rank=16,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+)
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +58,21 @@ def test_config_has_every_field_sglang_reads_with_kimi_widths(reduced):
     assert config.architectures == [ARCHITECTURE] and config.moe_layer_freq == 1
     assert config.rope_parameters["rope_theta"] == 50000.0 and config.rope_parameters["factor"] == 64.0
     assert (config.num_hidden_layers, config.n_routed_experts) == (5, 16)
-    for key in ("hidden_size", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
-                "num_attention_heads", "vocab_size", "intermediate_size", "moe_intermediate_size", "n_shared_experts",
-                "num_experts_per_tok", "first_k_dense_replace"):  # fmt: skip
+    for key in (
+        "hidden_size",
+        "q_lora_rank",
+        "kv_lora_rank",
+        "qk_rope_head_dim",
+        "qk_nope_head_dim",
+        "v_head_dim",
+        "num_attention_heads",
+        "vocab_size",
+        "intermediate_size",
+        "moe_intermediate_size",
+        "n_shared_experts",
+        "num_experts_per_tok",
+        "first_k_dense_replace",
+    ):
         assert getattr(config, key) == KIMI_K25_TEXT[key], key
     tokenizer = AutoTokenizer.from_pretrained(reduced, local_files_only=True)
     assert max(tokenizer.get_vocab().values()) < config.vocab_size
@@ -94,7 +117,10 @@ def test_memory_plan_reproduces_the_docs_figures(full):
     assert round(items["KV pool (65536 tokens)"], 1) == 4.6 and round(items["prefill: hidden + residual"], 1) == 1.9
     assert round(items["captured aux + final of the prefill (65536 tokens)"], 1) == 3.8
     assert round(items["FULL-mode concatenation of the aux states"], 1) == 2.8
-    assert round(items["draft trainable bf16 weights + grads"], 1) == 3.9 and round(items["fp32 master + Adam m, v (ZeRO over 8 ranks)"], 1) == 1.5
+    assert (
+        round(items["draft trainable bf16 weights + grads"], 1) == 3.9
+        and round(items["fp32 master + Adam m, v (ZeRO over 8 ranks)"], 1) == 1.5
+    )
     assert round(items["draft's frozen embedding, bf16"] + items["target lm_head for the labels, bf16"], 1) == 4.7
     assert round(items["feature ring (3 slots x 8192 tokens)"], 1) == 1.4 and round(f["static_bytes"] / GB, 1) == 80.8
     # what docs/SGLANG.md leaves out: SGLang's req_to_token table and the fused-MoE buffer
@@ -134,8 +160,14 @@ def test_head_is_read_by_name_and_a_dir_without_it_cannot_load(tmp_path):
 
 def test_dry_run_prints_commands_whose_overrides_the_schema_accepts(tmp_path):
     env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1")
-    out = subprocess.run(["bash", str(ROOT / "launch" / "kimi_reduced_run.sh"), str(tmp_path / "out"), "--dry"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    out = subprocess.run(
+        ["bash", str(ROOT / "launch" / "kimi_reduced_run.sh"), str(tmp_path / "out"), "--dry"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     plan_full = json.loads((tmp_path / "out" / "plan_full.json").read_text())
     assert plan_full["facts"]["kv_bytes_per_token"] == 70_272 and (tmp_path / "out" / "plan.json").is_file()

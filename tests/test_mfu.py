@@ -5,10 +5,10 @@ import json
 import pytest
 
 from tests.tiny import tiny_config
-from trainer.report import metrics as M
-from trainer.flops import H200_BF16_PEAK_TFLOPS, device_peak_tflops, flops_per_token
 from trainer.components import Window
+from trainer.flops import H200_BF16_PEAK_TFLOPS, device_peak_tflops, flops_per_token
 from trainer.loop import Trainer
+from trainer.report import metrics as M
 from trainer.sources import train_batcher
 
 

@@ -185,8 +185,10 @@ def test_ttt_loss_and_accuracy_packed_equal_padded(norm_output):
     draft, *_ = _problem()
     docs = samples([7, 11, 5, 9, 12], seed=3, vocab=SHAPE.vocab_size)
     g = torch.Generator().manual_seed(4)
-    feats = [(torch.randn(len(d.input_ids), 3 * SHAPE.target_hidden_size, generator=g), torch.randn(len(d.input_ids), 16, generator=g))
-             for d in docs]  # fmt: skip
+    feats = [
+        (torch.randn(len(d.input_ids), 3 * SHAPE.target_hidden_size, generator=g), torch.randn(len(d.input_ids), 16, generator=g))
+        for d in docs
+    ]
     padded, packed = pad_batch(docs, pad_id=0), pack_rows([docs[0:2], docs[2:4], docs[4:]], pad_id=0)
     draft_ids = torch.arange(0, SHAPE.vocab_size, 2)[: SHAPE.draft_vocab_size]
     t2d = torch.zeros(SHAPE.vocab_size, dtype=torch.bool)

@@ -17,8 +17,17 @@ K = 3
 
 
 def _train_row(step: int) -> dict:
-    row = {M.LOSS: 10.0 / step, M.SIM_ACCEPT: 0.1 * step, M.LR: 1e-3, M.GRAD_NORM: 5.0, M.TOKENS_PER_S: 100.0,
-           M.STEP_TIME: 2.0, M.TARGET_TIME: 0.5, M.DRAFT_TIME: 1.5, "epoch": 0}  # fmt: skip
+    row = {
+        M.LOSS: 10.0 / step,
+        M.SIM_ACCEPT: 0.1 * step,
+        M.LR: 1e-3,
+        M.GRAD_NORM: 5.0,
+        M.TOKENS_PER_S: 100.0,
+        M.STEP_TIME: 2.0,
+        M.TARGET_TIME: 0.5,
+        M.DRAFT_TIME: 1.5,
+        "epoch": 0,
+    }
     row.update({M.step_loss(k): 10.0 / step + k for k in range(K)} | {M.step_acc(k): 0.05 * step / (k + 1) for k in range(K)})
     return row
 
@@ -28,19 +37,42 @@ def _eval_row(acc: float) -> dict:
 
 
 SUMMARY = {
-    "steps": 10, "wall_time_s": 12.5, "resumed_from": None, "untrained_eval_sim_accept_len": 0.0,
-    "eval_sim_accept_len": 0.6, "eval": _eval_row(0.6), "nonfinite_skipped": 0,
-    "checkpoint": "/runs/a/checkpoints/step_10", "export_dir": "/runs/a/export", "summary_path": "/runs/a/summary.json",
-    "data": {"conversations": 40, "malformed": 1, "no_assistant": 2, "duplicates": 3, "samples": 36, "tokens": 4000,
-             "masked_tokens": 1500, "truncated": 4, "no_masked_token": 0, "boundary_tokens": 0},
-}  # fmt: skip
+    "steps": 10,
+    "wall_time_s": 12.5,
+    "resumed_from": None,
+    "untrained_eval_sim_accept_len": 0.0,
+    "eval_sim_accept_len": 0.6,
+    "eval": _eval_row(0.6),
+    "nonfinite_skipped": 0,
+    "checkpoint": "/runs/a/checkpoints/step_10",
+    "export_dir": "/runs/a/export",
+    "summary_path": "/runs/a/summary.json",
+    "data": {
+        "conversations": 40,
+        "malformed": 1,
+        "no_assistant": 2,
+        "duplicates": 3,
+        "samples": 36,
+        "tokens": 4000,
+        "masked_tokens": 1500,
+        "truncated": 4,
+        "no_masked_token": 0,
+        "boundary_tokens": 0,
+    },
+}
 
 
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     rows = [{"step": 0, **_eval_row(0.0)}, *({"step": s, **_train_row(s)} for s in (5, 10)), {"step": 10, **_eval_row(0.6)}]
-    real = {M.EVAL_ACCEPT_LEN: 2.5, M.accept_rate(0): 0.8, M.accept_rate(1): 0.5, M.cond_accept_rate(0): 0.8,
-            M.cond_accept_rate(1): 0.625, M.EVAL_VERIFY_PROBLEMS: 0.0}  # real spec. decoding, k = 2  # fmt: skip
+    real = {
+        M.EVAL_ACCEPT_LEN: 2.5,
+        M.accept_rate(0): 0.8,
+        M.accept_rate(1): 0.5,
+        M.cond_accept_rate(0): 0.8,
+        M.cond_accept_rate(1): 0.625,
+        M.EVAL_VERIFY_PROBLEMS: 0.0,
+    }  # real spec. decoding, k = 2
     rows.append({"step": 10, **real})
     (tmp_path / M.METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "summary.json").write_text(json.dumps(SUMMARY | {"verify": {"ok": True, "engine": "sglang"}}))
@@ -61,10 +93,20 @@ def test_report_writes_readable_pngs_and_markdown(run_dir, tmp_path):
     assert M.MFU in perf.missing and M.GPU_MEM in perf.missing and M.TOKENS_PER_S in perf.drawn
     assert M.EVAL_ACCEPT_LEN in pngs["evaluation.png"].drawn and M.accept_rate(1) in pngs["evaluation.png"].drawn
     md = report.markdown.read_text()
-    for text in ("## Key figures", "0.000 -> 0.600", "/runs/a/export", "/runs/a/checkpoints/step_10",
-                 "## Acceptance per draft position", "Result: **PASS**", "| engine | sglang |",
-                 "![Training](training.png)", "`perf/mfu`", "vocab_size: 2048", "`data/skipped_duplicates` | 3 |",
-                 "τ - 1 = 1.500 with the simulated length): **2.500**"):  # fmt: skip
+    for text in (
+        "## Key figures",
+        "0.000 -> 0.600",
+        "/runs/a/export",
+        "/runs/a/checkpoints/step_10",
+        "## Acceptance per draft position",
+        "Result: **PASS**",
+        "| engine | sglang |",
+        "![Training](training.png)",
+        "`perf/mfu`",
+        "vocab_size: 2048",
+        "`data/skipped_duplicates` | 3 |",
+        "τ - 1 = 1.500 with the simulated length): **2.500**",
+    ):
         assert text in md, text
     # acceptance table: trained acc_k = 0.6 / (k + 1), P(accept >= k+1) their running product, real rates
     assert "| 0 | 0.000 | 0.600 | 0.600 | 0.800 | 0.800 |" in md and "| 1 | 0.000 | 0.300 | 0.180 | 0.625 | 0.500 |" in md
@@ -139,12 +181,21 @@ def test_wandb_offline_run_is_the_fallback(tmp_path, monkeypatch):
 
 def test_format_summary_lists_figures_and_paths():
     text = format_summary(SUMMARY | {"report": "/runs/a/report/report.md"})
-    for fragment in ("optimizer steps", "12.5 s", "0.000 -> 0.600", "held-out acc_0", "/runs/a/export",
-                     "/runs/a/checkpoints/step_10", "/runs/a/report/report.md"):  # fmt: skip
+    for fragment in (
+        "optimizer steps",
+        "12.5 s",
+        "0.000 -> 0.600",
+        "held-out acc_0",
+        "/runs/a/export",
+        "/runs/a/checkpoints/step_10",
+        "/runs/a/report/report.md",
+    ):
         assert fragment in text, fragment
     assert "n/a (resumed)" in format_summary(SUMMARY | {"untrained_eval_sim_accept_len": None})
-    piped = format_summary(SUMMARY | {"export_dirs": {"sglang": "/runs/a/export", "vllm": "/runs/a/export_vllm"},
-                                      "verify": {"sglang": "OK  ...", "vllm": "OK  ..."}})  # fmt: skip
+    piped = format_summary(
+        SUMMARY
+        | {"export_dirs": {"sglang": "/runs/a/export", "vllm": "/runs/a/export_vllm"}, "verify": {"sglang": "OK  ...", "vllm": "OK  ..."}}
+    )
     assert "export (vllm)" in piped and "/runs/a/export_vllm" in piped and "PASS (sglang: OK, vllm: OK)" in piped
     with pytest.raises(ValueError, match="missing export_dir"):
         format_summary({k: v for k, v in SUMMARY.items() if k != "export_dir"})

@@ -78,7 +78,13 @@ def test_resume_continues_bitwise(build, tmp_path):
 def test_resume_refuses_a_different_run_and_allows_a_deliberate_change(build, tmp_path):
     build(tiny_config("trainer.max_steps=2"), tmp_path).fit()
     # a draft vocab of another size (a recipe left off on resume) is refused before any tensor is built
-    with pytest.raises(ValueError, match=r"differs from this run:\n  draft.vocab_size: 1024 in the checkpoint, 512 now\n  vocab_map: '\w+' in the checkpoint, '\w+' now\n\("):
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"differs from this run:\n  draft.vocab_size: 1024 in the checkpoint, 512 now\n"
+            r"  vocab_map: '\w+' in the checkpoint, '\w+' now\n\("
+        ),
+    ):
         build(tiny_config("trainer.max_steps=2", "trainer.resume=auto", "draft.vocab_size=512"), tmp_path)
     with pytest.raises(ValueError, match=r"differs from this run:\n  draft.ttt_steps: 3 in the checkpoint, 2 now\n\("):
         build(tiny_config("trainer.max_steps=2", "trainer.resume=auto", "draft.ttt_steps=2"), tmp_path)
@@ -87,7 +93,9 @@ def test_resume_refuses_a_different_run_and_allows_a_deliberate_change(build, tm
     with pytest.raises(ValueError, match=r"schedule.name: 'cosine' in the checkpoint, 'constant' now"):
         build(tiny_config("trainer.max_steps=2", "trainer.resume=auto", "schedule=constant"), tmp_path)
     # switching a cosine run to grokking mode on purpose (the seed team's plan)
-    grok = build(tiny_config("trainer.max_steps=3", "trainer.resume=auto", "schedule=constant", "trainer.resume_allow=[schedule]"), tmp_path)
+    grok = build(
+        tiny_config("trainer.max_steps=3", "trainer.resume=auto", "schedule=constant", "trainer.resume_allow=[schedule]"), tmp_path
+    )
     assert grok.state.step == 2 and grok.cfg.schedule.name == "constant"
     with pytest.raises(ValueError, match="neither a checkpoint nor a run dir"):
         build(tiny_config(f"trainer.resume={tmp_path / 'nowhere'}"), tmp_path / "other")
@@ -97,12 +105,15 @@ def test_fingerprint_differences_name_only_the_keys_that_differ():
     saved = {"draft": {"vocab_size": 2048, "hidden_size": 576}, "data": {"max_len": 128}, "vocab_map": "a"}
     now = {"draft": {"vocab_size": 4096, "hidden_size": 576}, "data": {"max_len": 256}, "vocab_map": "b", "target": {"dtype": "bf16"}}
     assert ckpt.differences(saved, now, []) == [
-        "data.max_len: 128 in the checkpoint, 256 now", "draft.vocab_size: 2048 in the checkpoint, 4096 now",
-        "target.dtype: absent in the checkpoint, 'bf16' now", "vocab_map: 'a' in the checkpoint, 'b' now",
-    ]  # fmt: skip
+        "data.max_len: 128 in the checkpoint, 256 now",
+        "draft.vocab_size: 2048 in the checkpoint, 4096 now",
+        "target.dtype: absent in the checkpoint, 'bf16' now",
+        "vocab_map: 'a' in the checkpoint, 'b' now",
+    ]
     assert ckpt.differences(saved, now, ["data", "vocab_map"]) == [
-        "draft.vocab_size: 2048 in the checkpoint, 4096 now", "target.dtype: absent in the checkpoint, 'bf16' now",
-    ]  # fmt: skip
+        "draft.vocab_size: 2048 in the checkpoint, 4096 now",
+        "target.dtype: absent in the checkpoint, 'bf16' now",
+    ]
 
 
 def test_a_draft_vocab_above_the_targets_is_refused(build, tmp_path):
@@ -233,7 +244,9 @@ def test_engine_death_stops_the_run_with_the_cause_and_keeps_the_checkpoint(buil
 
     from trainer.stream.engine_process import EngineError
 
-    trainer = build(tiny_config("trainer.max_steps=40", "trainer.checkpoint_every=1", "engine.mode=colocated", "trainer.eval_batches=1"), tmp_path)
+    trainer = build(
+        tiny_config("trainer.max_steps=40", "trainer.checkpoint_every=1", "engine.mode=colocated", "trainer.eval_batches=1"), tmp_path
+    )
 
     def kill_engine_after_first_checkpoint():
         while ckpt.latest(tmp_path / "checkpoints") is None:
@@ -306,5 +319,7 @@ def test_a_signal_in_a_serving_eval_between_steps_stops_at_once(tmp_path, monkey
         trainer.signals.restore()
     assert trainer.state.step == 2 and trainer.signals.phase == components.PERIODIC_EVAL
     message = trainer.signals.message(trainer.ckpt_root, tmp_path)
-    assert message.startswith(f"stopped by SIGINT during the {components.PERIODIC_EVAL}: skipped the rest of the {components.PERIODIC_EVAL}; ")
+    assert message.startswith(
+        f"stopped by SIGINT during the {components.PERIODIC_EVAL}: skipped the rest of the {components.PERIODIC_EVAL}; "
+    )
     assert "the rest of the training; end-of-run held-out eval" in message and "Checkpoint step 2 kept" in message

@@ -8,7 +8,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from serving.bench import first_turns, main as bench_main, percentile, run_bench
+from serving.bench import first_turns, percentile, run_bench
+from serving.bench import main as bench_main
 from serving.launch import Server, ServerError, ServerSpec, ready_url, server_command
 from serving.prompts import PromptSpec
 
@@ -24,7 +25,11 @@ def test_sglang_command_with_and_without_draft():
     assert _flag(cmd, "--model-path") == "/models/t" and _flag(cmd, "--port") == "31000" and _flag(cmd, "--tp-size") == "2"
     assert _flag(cmd, "--speculative-algorithm") == "EAGLE3"
     assert _flag(cmd, "--speculative-draft-model-path") == "/exports/sglang"
-    assert (_flag(cmd, "--speculative-num-steps"), _flag(cmd, "--speculative-eagle-topk"), _flag(cmd, "--speculative-num-draft-tokens")) == ("4", "1", "5")
+    assert (
+        _flag(cmd, "--speculative-num-steps"),
+        _flag(cmd, "--speculative-eagle-topk"),
+        _flag(cmd, "--speculative-num-draft-tokens"),
+    ) == ("4", "1", "5")
     assert _flag(cmd, "--cuda-graph-backend-decode") == "disabled" and _flag(cmd, "--mem-fraction-static") == "0.8"
     baseline = server_command(spec.without_draft())
     assert not any(a.startswith("--speculative") for a in baseline) and _flag(baseline, "--model-path") == "/models/t"
@@ -131,8 +136,10 @@ class FakeEngine:
                     return self._send(200, json.dumps({"internal_states": [{"avg_spec_accept_length": 2.5}]}).encode())
                 if self.path == "/metrics" and engine.flavour == "vllm":
                     n = engine.requests
-                    text = (f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {10 * n}.0\n'
-                            f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {20 * n}.0\n')  # fmt: skip
+                    text = (
+                        f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {10 * n}.0\n'
+                        f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {20 * n}.0\n'
+                    )
                     return self._send(200, text.encode(), "text/plain")
                 self._send(404, b"{}")
 
@@ -200,8 +207,22 @@ def test_bench_cli_compares_with_the_baseline(fake_server, tmp_path, capsys):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": f"q{i}"}) for i in range(4)) + "\n")
     out = tmp_path / "bench.json"
-    code = bench_main(["--prompts", str(prompts), "--url", with_draft, "--baseline-url", baseline, "--concurrency", "2",
-                       "--max-tokens", "40", "--json", str(out)])  # fmt: skip
+    code = bench_main(
+        [
+            "--prompts",
+            str(prompts),
+            "--url",
+            with_draft,
+            "--baseline-url",
+            baseline,
+            "--concurrency",
+            "2",
+            "--max-tokens",
+            "40",
+            "--json",
+            str(out),
+        ]
+    )
     printed = capsys.readouterr().out
     assert code == 0 and "with draft" in printed and "speedup" in printed
     saved = json.loads(out.read_text())

@@ -14,16 +14,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig
 
 from models.aux_ids import AuxLayerIds
+from models.aux_support import dotted_name
+from models.batch import TokenBatch
 from models.draft import DraftShape
 from models.embedded import embedded_target_dir, plain_config
-from models.sglang_target import check_aux_width, documents, import_sglang, rank_span, to_rows
-from models.target import TargetInfo
-from models.aux_support import dotted_name
-from serving.formats import FORMATS, ExportSpec
+from models.engines import PathTarget
 from models.sglang_preflight import (
     SOURCE_ENV,
     SGLangSource,
@@ -35,15 +33,15 @@ from models.sglang_preflight import (
     read_target_shape,
 )
 from models.sglang_preflight import main as preflight_main
+from models.sglang_target import SGLangTarget, check_aux_width, documents, import_sglang, rank_span, to_rows
+from models.target import TargetInfo
+from serving.formats import FORMATS, ExportSpec
 from tests.sglang_tiny import is_layer, layer_errors, tiny_deepseek_v3_config
 from tests.tiny import tiny_config
-from models.batch import TokenBatch
 from trainer.dist import Parallel
-from trainer.stream.engine_process import EngineError, failure_cause, failure_message
 from trainer.sources import sglang_recipe, target_recipe
+from trainer.stream.engine_process import EngineError, failure_cause, failure_message
 from trainer.stream.feature_stream import TargetSource
-from models.engines import PathTarget
-from models.sglang_target import SGLangTarget
 
 KIMI = "KimiK25ForConditionalGeneration"
 KIMI_IDS = [1, 29, 57]  # list(AuxLayerIds.default(61).ids), conf/target/kimi_k25.yaml
@@ -52,7 +50,7 @@ KIMI_IDS = [1, 29, 57]  # list(AuxLayerIds.default(61).ids), conf/target/kimi_k2
 
 MODELS = {
     # Llama style: every explicit id + 1; the body reads layers_to_capture; the head hands aux to the logits processor.
-    "llama.py": '''
+    "llama.py": """
         from torch import nn
 
         class LlamaModel(nn.Module):
@@ -87,9 +85,9 @@ MODELS = {
                 return self.logits_processor(input_ids, hidden_states, self.lm_head, forward_batch)
 
         EntryClass = [LlamaForCausalLM, NoCaptureForCausalLM, SilentForCausalLM]
-    ''',
+    """,
     # DeepSeek style: + 1 only when the first id is 1; a multimodal wrapper delegates to it (Kimi-K2.5's shape).
-    "deepseek.py": '''
+    "deepseek.py": """
         from torch import nn
 
         class DeepseekModel(nn.Module):
@@ -126,7 +124,7 @@ MODELS = {
                 self.language_model.set_eagle3_layers_to_capture(layer_ids)
 
         EntryClass = [DeepseekForCausalLM, WrapperForConditionalGeneration]
-    ''',
+    """,
 }
 
 
@@ -200,9 +198,19 @@ def test_our_ids_go_to_sglang_unchanged_and_it_captures_the_next_layers_input():
 
 def test_the_export_writes_the_argument_the_engine_passes():
     shape = DraftShape(
-        hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16, target_hidden_size=64,
-        num_aux=3, vocab_size=300, draft_vocab_size=100, rms_norm_eps=1e-5, rope_theta=1e4, max_position_embeddings=512,
-    )  # fmt: skip
+        hidden_size=64,
+        intermediate_size=96,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        target_hidden_size=64,
+        num_aux=3,
+        vocab_size=300,
+        draft_vocab_size=100,
+        rms_norm_eps=1e-5,
+        rope_theta=1e4,
+        max_position_embeddings=512,
+    )
     config = FORMATS["sglang"].write_config(shape, ExportSpec.of([1, 14, 26], norm_output=False, target_num_layers=30))
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == AuxLayerIds.of([1, 14, 26]).sglang_argument
 
@@ -261,12 +269,15 @@ def test_check_target_reads_the_dir(tmp_path, fake):
 HOPPER, AMPERE = (9, 0), (8, 0)
 
 
-@pytest.mark.parametrize("fa3, capability, backend, reason", [
-    (True, HOPPER, "fa3", "SGLang's default on Hopper; sgl_kernel carries it"),
-    (False, HOPPER, "triton", "fa3 unavailable: sgl_kernel/flash_ops*.so missing"),
-    (True, AMPERE, "triton", "fa3 unavailable: SGLang picks it on Hopper only; this GPU is sm80"),
-    (True, None, "fa3", "SGLang's default on Hopper; sgl_kernel carries it"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "fa3, capability, backend, reason",
+    [
+        (True, HOPPER, "fa3", "SGLang's default on Hopper; sgl_kernel carries it"),
+        (False, HOPPER, "triton", "fa3 unavailable: sgl_kernel/flash_ops*.so missing"),
+        (True, AMPERE, "triton", "fa3 unavailable: SGLang picks it on Hopper only; this GPU is sm80"),
+        (True, None, "fa3", "SGLang's default on Hopper; sgl_kernel carries it"),
+    ],
+)
 def test_the_backend_is_chosen_from_what_the_install_carries(tmp_path, fa3, capability, backend, reason):
     package = fake_install(tmp_path, fa3=fa3, flashinfer="bare")
     choice = choose_attention_backend(None, capability, source_dir=package)
@@ -276,9 +287,14 @@ def test_the_backend_is_chosen_from_what_the_install_carries(tmp_path, fa3, capa
 
 def test_an_explicit_backend_is_checked_against_the_install(tmp_path):
     stripped = fake_install(tmp_path / "stripped", fa3=False, flashinfer="bare")
-    for requested, why in [("fa3", r"sgl_kernel/flash_ops\*\.so missing"), ("flashmla", r"sgl_kernel/flashmla_ops\*\.so missing"),
-                           ("flashinfer", "neither prebuilt kernels .* nor its JIT sources")]:  # fmt: skip
-        with pytest.raises(ValueError, match=f"config engine.sglang.attention_backend: {requested} cannot run .*{why}.*attention_backend=triton"):
+    for requested, why in [
+        ("fa3", r"sgl_kernel/flash_ops\*\.so missing"),
+        ("flashmla", r"sgl_kernel/flashmla_ops\*\.so missing"),
+        ("flashinfer", "neither prebuilt kernels .* nor its JIT sources"),
+    ]:
+        with pytest.raises(
+            ValueError, match=f"config engine.sglang.attention_backend: {requested} cannot run .*{why}.*attention_backend=triton"
+        ):
             choose_attention_backend(requested, HOPPER, source_dir=stripped)
     assert choose_attention_backend("triton", HOPPER, source_dir=stripped).backend == "triton"
     with pytest.raises(ValueError, match="config engine.sglang.attention_backend: SGLang 9.9.9 knows no 'flashattn'"):
@@ -327,7 +343,9 @@ def test_real_kimi_k25_rejects_ids_its_deepseek_rule_would_shift(real):
         preflight(real, KIMI, 61, [2, 30, 57])
 
 
-@pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen3ForCausalLM", "DeepseekV3ForCausalLM", "Qwen3VLForConditionalGeneration"])
+@pytest.mark.parametrize(
+    "architecture", ["LlamaForCausalLM", "Qwen3ForCausalLM", "DeepseekV3ForCausalLM", "Qwen3VLForConditionalGeneration"]
+)
 def test_real_targets_that_capture_pass(real, architecture):
     assert preflight(real, architecture, 32, [1, 15, 28]).ids.sglang_layer_inputs == [2, 16, 29]
 
@@ -361,7 +379,10 @@ GUARDED_DEEPSEEK_FIELDS = {"num_nextn_predict_layers", "rope_theta", "rope_scali
 def test_the_tiny_deepseek_v3_config_has_every_field_sglang_reads(real, tmp_path):
     """Every ``config.X`` / ``self.config.X`` that SGLang's DeepSeek-V2/V3 model code reads, on the tiny
     config as saved (config.json) and read back: a field it lacks kills the engine at build."""
-    files = [real.package_dir / "srt" / "models" / "deepseek_v2.py", *(real.package_dir / "srt" / "models" / "deepseek_common").glob("*.py")]
+    files = [
+        real.package_dir / "srt" / "models" / "deepseek_v2.py",
+        *(real.package_dir / "srt" / "models" / "deepseek_common").glob("*.py"),
+    ]
     read = set()
     for file in files:
         for n in ast.walk(ast.parse(file.read_text())):
@@ -382,9 +403,16 @@ def test_real_attention_backends(real):
 
 
 def test_engine_sglang_maps_to_one_recipe_per_local_rank():
-    cfg = tiny_config("engine=sglang", "engine.sglang.tp_size=4", "engine.sglang.mem_fraction_static=0.6",
-                      "engine.sglang.attention_backend=fa3", "engine.sglang.load_format=dummy", "engine.sglang.max_total_tokens=65536",
-                      "target=local", "target.path=/models/kimi")  # fmt: skip
+    cfg = tiny_config(
+        "engine=sglang",
+        "engine.sglang.tp_size=4",
+        "engine.sglang.mem_fraction_static=0.6",
+        "engine.sglang.attention_backend=fa3",
+        "engine.sglang.load_format=dummy",
+        "engine.sglang.max_total_tokens=65536",
+        "target=local",
+        "target.path=/models/kimi",
+    )
     assert cfg.engine.mode == "colocated" and cfg.engine.slot_tokens == cfg.data.max_tokens
     recipes = [sglang_recipe(cfg.target, cfg.engine, KIMI_IDS, torch.bfloat16, r) for r in range(8)]
     assert [(r.tp_rank, r.dist_port) for r in recipes] == [(i % 4, 29650 + i // 4) for i in range(8)]
@@ -400,16 +428,19 @@ def test_the_kimi_preset_composes_with_engine_sglang():
     assert cfg.target.dtype == "bfloat16" and cfg.engine.sglang.tp_size == 8
 
 
-@pytest.mark.parametrize("overrides, key", [
-    (["engine=sglang", "engine.sglang.tp_size=0"], "engine.sglang.tp_size"),
-    (["engine=sglang", "engine.sglang.mem_fraction_static=1.2"], "engine.sglang.mem_fraction_static"),
-    (["engine=sglang", "engine.sglang.load_format=pt"], "engine.sglang.load_format"),
-    (["engine=sglang", "engine.sglang.max_total_tokens=0"], "engine.sglang.max_total_tokens"),
-    (["engine=sglang", "engine.sglang.dist_port=80"], "engine.sglang.dist_port"),
-    (["engine=sglang", "engine.mode=inprocess"], "engine.mode"),
-    (["engine.name=sglang"], "engine.sglang"),
-    (["engine.name=vllm"], "engine.name"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["engine=sglang", "engine.sglang.tp_size=0"], "engine.sglang.tp_size"),
+        (["engine=sglang", "engine.sglang.mem_fraction_static=1.2"], "engine.sglang.mem_fraction_static"),
+        (["engine=sglang", "engine.sglang.load_format=pt"], "engine.sglang.load_format"),
+        (["engine=sglang", "engine.sglang.max_total_tokens=0"], "engine.sglang.max_total_tokens"),
+        (["engine=sglang", "engine.sglang.dist_port=80"], "engine.sglang.dist_port"),
+        (["engine=sglang", "engine.mode=inprocess"], "engine.mode"),
+        (["engine.name=sglang"], "engine.sglang"),
+        (["engine.name=vllm"], "engine.name"),
+    ],
+)
 def test_bad_engine_values_name_the_key(overrides, key):
     with pytest.raises(ValueError, match=f"config {key}:"):
         tiny_config(*overrides)
@@ -513,14 +544,19 @@ class OutOfMemoryTarget:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 GiB")
 
 
-@pytest.mark.parametrize("traceback_tail, setting", [
-    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "engine.sglang.mem_fraction_static"),
-    ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: mem_fraction_static=0.3",
-     "raise engine.sglang.mem_fraction_static"),
-    ("ImportError: Can not import FA3 in sgl_kernel. Please check your installation.", "engine.sglang.attention_backend=triton"),
-    ("RuntimeError: Ninja build failed. Ninja output:\nnvcc fatal : Unsupported gpu architecture 'compute_90a'", "~/.cache/tvm-ffi"),
-    ("RuntimeError: ninja exited with status 1\nstderr:\n/bin/sh: 1: nvcc: not found", "CUDA_HOME"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "traceback_tail, setting",
+    [
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "engine.sglang.mem_fraction_static"),
+        (
+            "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: mem_fraction_static=0.3",
+            "raise engine.sglang.mem_fraction_static",
+        ),
+        ("ImportError: Can not import FA3 in sgl_kernel. Please check your installation.", "engine.sglang.attention_backend=triton"),
+        ("RuntimeError: Ninja build failed. Ninja output:\nnvcc fatal : Unsupported gpu architecture 'compute_90a'", "~/.cache/tvm-ffi"),
+        ("RuntimeError: ninja exited with status 1\nstderr:\n/bin/sh: 1: nvcc: not found", "CUDA_HOME"),
+    ],
+)
 def test_an_engine_failure_names_its_cause_and_the_setting(traceback_tail, setting):
     traceback = f'Traceback (most recent call last):\n  File "models/sglang_target.py", line 118, in start\n{traceback_tail}\n'
     message = failure_message(traceback)

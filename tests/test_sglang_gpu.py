@@ -30,8 +30,15 @@ def save_target(root: Path, kind: str) -> Path:
     """A small random bf16 target dir: Llama, or DeepSeek-V3 (``tiny_deepseek_v3_config``)."""
     torch.manual_seed(0)
     if kind == "llama":
-        config = LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=8, num_attention_heads=4,
-                             num_key_value_heads=2, max_position_embeddings=1024)  # fmt: skip
+        config = LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=256,
+            intermediate_size=512,
+            num_hidden_layers=8,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=1024,
+        )
         model = LlamaForCausalLM(config)
     else:
         model = DeepseekV3ForCausalLM(tiny_deepseek_v3_config())  # with the routing fields SGLang reads
@@ -75,8 +82,15 @@ def free_port() -> int:
 
 def recipe(path: Path, **kw) -> SGLangTarget:
     # triton attention: one backend for MHA and MLA at any head size
-    return SGLangTarget(path=str(path), aux_layer_ids=IDS, dtype=torch.bfloat16, mem_fraction_static=0.3,
-                        attention_backend="triton", dist_port=free_port(), **kw)  # fmt: skip
+    return SGLangTarget(
+        path=str(path),
+        aux_layer_ids=IDS,
+        dtype=torch.bfloat16,
+        mem_fraction_static=0.3,
+        attention_backend="triton",
+        dist_port=free_port(),
+        **kw,
+    )
 
 
 def assert_bf16_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
@@ -144,8 +158,16 @@ def test_dummy_weights_give_features_of_the_right_shape(tmp_path):
 def _tp_rank(rank: int, path: str, port: int, out: str) -> None:
     """One 'trainer rank' of a TP=2 group: its own engine process on cuda:rank, its own batches."""
     torch.cuda.set_device(rank)
-    tp = SGLangTarget(path=path, aux_layer_ids=IDS, dtype=torch.bfloat16, tp_size=2, tp_rank=rank, dist_port=port,
-                      mem_fraction_static=0.3, attention_backend="triton")  # fmt: skip
+    tp = SGLangTarget(
+        path=path,
+        aux_layer_ids=IDS,
+        dtype=torch.bfloat16,
+        tp_size=2,
+        tp_rank=rank,
+        dist_port=port,
+        mem_fraction_static=0.3,
+        attention_backend="triton",
+    )
     with TargetSource(tp) as source, open_feature_stream(SETTINGS, source, batches(10 + rank), f"cuda:{rank}") as stream:
         torch.save([(fb.aux.cpu().clone(), fb.final.cpu().clone()) for fb in stream], Path(out) / f"rank{rank}.pt")
 

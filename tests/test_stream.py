@@ -68,8 +68,13 @@ def clone(fb: FeatureBatch) -> FeatureBatch:
 
 
 def assert_same(a: FeatureBatch, b: FeatureBatch) -> None:
-    for x, y in ((a.aux, b.aux), (a.final, b.final), (a.tokens.input_ids, b.tokens.input_ids),
-                 (a.tokens.loss_mask, b.tokens.loss_mask), (a.tokens.lengths, b.tokens.lengths)):
+    for x, y in (
+        (a.aux, b.aux),
+        (a.final, b.final),
+        (a.tokens.input_ids, b.tokens.input_ids),
+        (a.tokens.loss_mask, b.tokens.loss_mask),
+        (a.tokens.lengths, b.tokens.lengths),
+    ):
         assert x.dtype == y.dtype and torch.equal(x, y)
     assert (a.tokens.doc_ids is None) == (b.tokens.doc_ids is None)
     assert a.tokens.doc_ids is None or torch.equal(a.tokens.doc_ids, b.tokens.doc_ids)
@@ -147,8 +152,13 @@ def target_dir(tmp_path_factory) -> Path:
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
     )
     path = tmp_path_factory.mktemp("target") / "tiny-llama"
     LlamaForCausalLM(config).save_pretrained(path)
@@ -209,9 +219,18 @@ def test_losses_equal_over_steps(hf_source):
     t2d = torch.zeros(VOCAB, dtype=torch.bool)
     t2d[draft_ids] = True
     shape = DraftShape(
-        hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-        target_hidden_size=64, num_aux=3, vocab_size=VOCAB, draft_vocab_size=len(draft_ids), rms_norm_eps=1e-6,
-        rope_theta=10000.0, max_position_embeddings=256,
+        hidden_size=32,
+        intermediate_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        target_hidden_size=64,
+        num_aux=3,
+        vocab_size=VOCAB,
+        draft_vocab_size=len(draft_ids),
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=256,
     )
 
     def losses(mode: Settings) -> list[float]:

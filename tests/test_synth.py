@@ -17,40 +17,49 @@ from trainer.data.dedup import NearDupIndex, shingles
 from trainer.datagen import gen_backend as G
 from trainer.datagen.synth.filters import FilterSettings, clean, echoes, rejection
 from trainer.datagen.synth.instructions import Example, Planner
-from trainer.datagen.synth.pipeline import SynthSettings, Synthesizer, rejected_path
+from trainer.datagen.synth.pipeline import Synthesizer, SynthSettings, rejected_path
 
 EN = FilterSettings()
 LOOSE = FilterSettings(min_chars=1, max_chars=100_000, min_words=1, min_ascii=0.0, min_stopwords=0.0)
-POOL = (Example("a", "What is AI?", "A field of computer science.", "Is it dangerous?"), Example("b", "Tell me a joke"),
-        Example("c", "Do you like music?", "I do.", "Which kind?"))  # fmt: skip
+POOL = (
+    Example("a", "What is AI?", "A field of computer science.", "Is it dangerous?"),
+    Example("b", "Tell me a joke"),
+    Example("c", "Do you like music?", "I do.", "Which kind?"),
+)
 
 
-@pytest.mark.parametrize("raw, kept", [
-    ('Question: "What is the capital of France?"', "What is the capital of France?"),
-    ("How do plants grow?\n\nThey use sunlight.", "How do plants grow?"),
-    ("  User - tell me a story  ", "tell me a story"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "raw, kept",
+    [
+        ('Question: "What is the capital of France?"', "What is the capital of France?"),
+        ("How do plants grow?\n\nThey use sunlight.", "How do plants grow?"),
+        ("  User - tell me a story  ", "tell me a story"),
+    ],
+)
 def test_clean_strips_labels_quotes_and_what_follows_the_first_paragraph(raw, kept):
     assert clean(raw) == kept
 
 
-@pytest.mark.parametrize("text, finished, stage", [
-    ("What is the capital of France?", True, None),
-    ("I cannot sleep at night, what should I do?", True, None),
-    ("Can you write a short poem about the sea?", True, None),
-    ("What is the capital of France?", False, "length"),  # the generator did not finish it
-    ("Hi?", True, "length"),
-    ("word " * 100, True, "length"),
-    ("Quelle est la capitale de la France ?", True, "language"),
-    ("Was ist die Hauptstadt von Frankreich?", True, "language"),
-    ("Столица Франции — это что?", True, "language"),
-    ("xq7 zzkv plorb wibble", True, "language"),
-    ("I'm sorry, but I can't write that message for you.", True, "refusal"),
-    ("As an AI, I do not have feelings about the weather.", True, "refusal"),
-    ("Sure, here is a question: what is the best pizza?", True, "refusal"),
-    ("Here is a new message about the user and the weather.", True, "refusal"),
-    ("What does <|im_start|> mean in the chat?", True, "refusal"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, finished, stage",
+    [
+        ("What is the capital of France?", True, None),
+        ("I cannot sleep at night, what should I do?", True, None),
+        ("Can you write a short poem about the sea?", True, None),
+        ("What is the capital of France?", False, "length"),  # the generator did not finish it
+        ("Hi?", True, "length"),
+        ("word " * 100, True, "length"),
+        ("Quelle est la capitale de la France ?", True, "language"),
+        ("Was ist die Hauptstadt von Frankreich?", True, "language"),
+        ("Столица Франции — это что?", True, "language"),
+        ("xq7 zzkv plorb wibble", True, "language"),
+        ("I'm sorry, but I can't write that message for you.", True, "refusal"),
+        ("As an AI, I do not have feelings about the weather.", True, "refusal"),
+        ("Sure, here is a question: what is the best pizza?", True, "refusal"),
+        ("Here is a new message about the user and the weather.", True, "refusal"),
+        ("What does <|im_start|> mean in the chat?", True, "refusal"),
+    ],
+)
 def test_rejection_names_the_first_failing_check(text, finished, stage):
     assert rejection(text, finished, EN) == stage
 
@@ -63,9 +72,12 @@ def test_echo_of_the_prompt_or_answer_is_caught():
 
 def test_near_duplicates_are_caught_and_distinct_prompts_kept():
     index = NearDupIndex()
-    for key, text in [("name", "What is your name?"), ("cats", "Tell me a joke about cats"),
-                      ("france", "Can you tell me what is the capital of France?"),
-                      ("bread", "How do I bake sourdough bread at home with a starter?")]:  # fmt: skip
+    for key, text in [
+        ("name", "What is your name?"),
+        ("cats", "Tell me a joke about cats"),
+        ("france", "Can you tell me what is the capital of France?"),
+        ("bread", "How do I bake sourdough bread at home with a starter?"),
+    ]:
         index.add(key, text)
     assert index.find("what is your NAME") == "name"  # case and punctuation
     assert index.find("Tell me what is the capital of France") == "france"  # a word or two dropped
@@ -152,12 +164,40 @@ def test_pipeline_counts_follow_ups_resume_and_dedup_against_the_source(tiny_tar
 
 def test_cli_synthesizes_and_answers_into_an_openai_file(tiny_target, tmp_path):
     out, answered = tmp_path / "prompts.jsonl", tmp_path / "answered.jsonl"
-    report = synthesize.main([
-        "--output", str(out), "--n-prompts", "4", "--target", str(tiny_target), "--device", "cpu", "--batch-size", "4",
-        "--max-new-tokens", "6", "--answer-max-new-tokens", "4", "--follow-up-fraction", "0.5", "--holdout-categories", "food",
-        "--min-stopwords", "0", "--min-ascii", "0", "--min-words", "1", "--min-chars", "1", "--max-chars", "100000",
-        "--answer", str(answered),
-    ])  # fmt: skip
+    report = synthesize.main(
+        [
+            "--output",
+            str(out),
+            "--n-prompts",
+            "4",
+            "--target",
+            str(tiny_target),
+            "--device",
+            "cpu",
+            "--batch-size",
+            "4",
+            "--max-new-tokens",
+            "6",
+            "--answer-max-new-tokens",
+            "4",
+            "--follow-up-fraction",
+            "0.5",
+            "--holdout-categories",
+            "food",
+            "--min-stopwords",
+            "0",
+            "--min-ascii",
+            "0",
+            "--min-words",
+            "1",
+            "--min-chars",
+            "1",
+            "--max-chars",
+            "100000",
+            "--answer",
+            str(answered),
+        ]
+    )
     assert report.kept == 4 and report.new_tokens > 0 and "tokens/s" in report.line()
     prompts = {r["id"]: r for r in _lines(out)}
     assert all(r["synthetic"]["category"] != "food" for r in prompts.values())
@@ -173,10 +213,16 @@ def test_cli_synthesizes_and_answers_into_an_openai_file(tiny_target, tmp_path):
 
 def test_regenerate_answers_a_prompt_file_and_keeps_its_metadata(tiny_target, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps({"id": "p1", "turns": ["Hi there", "And then?"], "synthetic": {"category": "x"}}) + "\n"
-                       + json.dumps({"prompt": "Name a colour."}) + "\n")  # fmt: skip
+    prompts.write_text(
+        json.dumps({"id": "p1", "turns": ["Hi there", "And then?"], "synthetic": {"category": "x"}})
+        + "\n"
+        + json.dumps({"prompt": "Name a colour."})
+        + "\n"
+    )
     out = tmp_path / "answered.jsonl"
-    report = R.main(["--prompts", str(prompts), "--output", str(out), "--target", str(tiny_target), "--device", "cpu", "--max-new-tokens", "3"])
+    report = R.main(
+        ["--prompts", str(prompts), "--output", str(out), "--target", str(tiny_target), "--device", "cpu", "--max-new-tokens", "3"]
+    )
     assert (report.written, report.turns) == (2, 3)
     records = sorted(_lines(out), key=lambda r: len(r["messages"]))
     assert [m["role"] for m in records[1]["messages"]] == ["user", "assistant", "user", "assistant"]

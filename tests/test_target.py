@@ -20,9 +20,9 @@ from transformers import (
 
 import models.embedded as embedded
 from models.aux_ids import AuxLayerIds
+from models.batch import TokenBatch
 from models.embedded import embedded_target_dir
 from models.target import HFTargetEngine
-from models.batch import TokenBatch
 
 VOCAB = 128
 
@@ -30,8 +30,13 @@ VOCAB = 128
 def tiny_llama(num_layers: int = 8) -> LlamaForCausalLM:
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
     )
     return LlamaForCausalLM(config).eval()
 
@@ -40,10 +45,25 @@ def tiny_deepseek_v3() -> DeepseekV3ForCausalLM:
     """MLA attention; layers 0-1 dense, 2-6 MoE: 8 routed experts (top 2, group-limited), 1 shared."""
     torch.manual_seed(0)
     config = DeepseekV3Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=7, num_attention_heads=4,
-        num_key_value_heads=4, first_k_dense_replace=2, moe_intermediate_size=32, n_shared_experts=1,
-        n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, kv_lora_rank=16, q_lora_rank=32,
-        qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=16, max_position_embeddings=256,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=7,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        first_k_dense_replace=2,
+        moe_intermediate_size=32,
+        n_shared_experts=1,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        kv_lora_rank=16,
+        q_lora_rank=32,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        qk_nope_head_dim=16,
+        max_position_embeddings=256,
     )
     model = DeepseekV3ForCausalLM(config).eval()
     mlps = [type(layer.mlp).__name__ for layer in model.model.layers[1:3]]
@@ -94,8 +114,7 @@ def test_capture_parity_default_ids(build):
     assert engine.info.aux_layer_ids == AuxLayerIds.default(model.config.num_hidden_layers).ids
 
 
-@pytest.mark.parametrize("build, ids", [(tiny_llama, [0, 6]), (tiny_deepseek_v3, [0, 2, 3, 5])],
-                         ids=["llama", "deepseek_v3"])
+@pytest.mark.parametrize("build, ids", [(tiny_llama, [0, 6]), (tiny_deepseek_v3, [0, 2, 3, 5])], ids=["llama", "deepseek_v3"])
 def test_capture_parity_custom_ids(build, ids):
     assert_capture_parity(build(), ids)
 
@@ -111,7 +130,12 @@ def test_engine_is_frozen_and_leaves_no_hooks():
     assert engine.embed_weight.shape == engine.lm_head_weight.shape == (VOCAB, 64)
     info = engine.info
     assert (info.architecture, info.model_type, info.num_layers, info.hidden_size, info.vocab_size) == (
-        "LlamaForCausalLM", "llama", 8, 64, VOCAB)
+        "LlamaForCausalLM",
+        "llama",
+        8,
+        64,
+        VOCAB,
+    )
 
 
 def test_from_path_transformers_dir(tmp_path):
@@ -143,10 +167,14 @@ def write_tiny_gguf(path: Path, vocab=VOCAB, hidden=64, inter=128, layers=2, hea
     shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,)}
     for i in range(layers):
         shapes |= {
-            f"blk.{i}.attn_norm.weight": (hidden,), f"blk.{i}.ffn_norm.weight": (hidden,),
-            f"blk.{i}.attn_q.weight": (hidden, hidden), f"blk.{i}.attn_k.weight": (kv, hidden),
-            f"blk.{i}.attn_v.weight": (kv, hidden), f"blk.{i}.attn_output.weight": (hidden, hidden),
-            f"blk.{i}.ffn_gate.weight": (inter, hidden), f"blk.{i}.ffn_up.weight": (inter, hidden),
+            f"blk.{i}.attn_norm.weight": (hidden,),
+            f"blk.{i}.ffn_norm.weight": (hidden,),
+            f"blk.{i}.attn_q.weight": (hidden, hidden),
+            f"blk.{i}.attn_k.weight": (kv, hidden),
+            f"blk.{i}.attn_v.weight": (kv, hidden),
+            f"blk.{i}.attn_output.weight": (hidden, hidden),
+            f"blk.{i}.ffn_gate.weight": (inter, hidden),
+            f"blk.{i}.ffn_up.weight": (inter, hidden),
             f"blk.{i}.ffn_down.weight": (hidden, inter),
         }
     for name, shape in shapes.items():
@@ -216,8 +244,7 @@ def test_embedded_target_loads(embedded_cache):
     _, directory, _ = embedded_cache
     engine = HFTargetEngine.from_path(directory)
     info = engine.info
-    assert (info.architecture, info.num_layers, info.hidden_size, info.vocab_size) == (
-        "LlamaForCausalLM", 30, 576, 49152)
+    assert (info.architecture, info.num_layers, info.hidden_size, info.vocab_size) == ("LlamaForCausalLM", 30, 576, 49152)
     assert info.aux_layer_ids == (1, 14, 26)
     assert engine.lm_head_weight.data_ptr() == engine.embed_weight.data_ptr()  # tied embeddings
     tokenizer = AutoTokenizer.from_pretrained(directory)

@@ -35,8 +35,14 @@ def with_tokenizer(path: Path) -> Path:
 def saved_llama(path: Path, tied: bool = False, shard: str | None = None) -> LlamaForCausalLM:
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=tied,
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=tied,
     )
     model = LlamaForCausalLM(config).eval()
     model.save_pretrained(path, **({"max_shard_size": shard} if shard else {}))
@@ -79,14 +85,26 @@ def test_a_sharded_checkpoint_is_read_without_its_decoder_shards(tmp_path):
 def kimi_like(path: Path, embed: torch.Tensor, lm_head: torch.Tensor) -> Path:
     """A Kimi-K2.5-shaped dir: the sizes in text_config (model_type kimi_k2), weights under language_model."""
     path.mkdir()
-    text = {"model_type": "kimi_k2", "vocab_size": VOCAB, "hidden_size": HIDDEN, "num_hidden_layers": 8,
-            "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 128, "tie_word_embeddings": False}  # fmt: skip
+    text = {
+        "model_type": "kimi_k2",
+        "vocab_size": VOCAB,
+        "hidden_size": HIDDEN,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "intermediate_size": 128,
+        "tie_word_embeddings": False,
+    }
     config = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": text}
     (path / "config.json").write_text(json.dumps(config))
     save_file({"language_model.model.embed_tokens.weight": embed, "vision_tower.patch.weight": torch.ones(4, 4)}, path / "a.safetensors")
     save_file({"language_model.lm_head.weight": lm_head, "language_model.model.layers.0.mlp.weight": torch.ones(4)}, path / "b.safetensors")
-    weight_map = {"language_model.model.embed_tokens.weight": "a.safetensors", "vision_tower.patch.weight": "a.safetensors",
-                  "language_model.lm_head.weight": "b.safetensors", "language_model.model.layers.0.mlp.weight": "b.safetensors"}  # fmt: skip
+    weight_map = {
+        "language_model.model.embed_tokens.weight": "a.safetensors",
+        "vision_tower.patch.weight": "a.safetensors",
+        "language_model.lm_head.weight": "b.safetensors",
+        "language_model.model.layers.0.mlp.weight": "b.safetensors",
+    }
     (path / INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     return with_tokenizer(path)
 
@@ -97,7 +115,12 @@ def test_a_text_config_nested_checkpoint_with_a_language_model_prefix(tmp_path):
     assert torch.equal(head.embed_weight, embed) and torch.equal(head.lm_head_weight, lm_head)
     info = head.info
     assert (info.architecture, info.model_type, info.num_layers, info.hidden_size, info.vocab_size) == (
-        "KimiK25ForConditionalGeneration", "deepseek_v3", 8, HIDDEN, VOCAB)  # fmt: skip
+        "KimiK25ForConditionalGeneration",
+        "deepseek_v3",
+        8,
+        HIDDEN,
+        VOCAB,
+    )
     assert info.aux_layer_ids == (1, 3, 4)  # the default ids of 8 layers
     assert type(read_target_config(tmp_path / "kimi")[1]).__name__ == "DeepseekV3Config"
 
@@ -111,7 +134,9 @@ def test_missing_tensors_name_the_file_and_the_tensor(tmp_path):
         TargetHead.from_path(path)
     del index["weight_map"]["language_model.lm_head.weight"]  # no lm_head at all, and the config does not tie it
     (path / INDEX_FILE).write_text(json.dumps(index))
-    with pytest.raises(ValueError, match=rf"{INDEX_FILE}: no lm_head tensor \(looked for lm_head\.weight, language_model\.lm_head\.weight\)"):
+    with pytest.raises(
+        ValueError, match=rf"{INDEX_FILE}: no lm_head tensor \(looked for lm_head\.weight, language_model\.lm_head\.weight\)"
+    ):
         TargetHead.from_path(path)
     (path / "b.safetensors").unlink()
     (path / INDEX_FILE).unlink()
@@ -168,7 +193,9 @@ def test_the_eval_target_is_loaded_for_the_eval_only_and_freed(tmp_path, capsys)
     from trainer.sources import load_target, with_eval_target
 
     saved_llama(tmp_path / "m")
-    target = load_target(tiny_config(f"target.path={tmp_path / 'm'}", "engine.mode=colocated").target, "colocated", torch.device("cpu"), torch.float32)
+    target = load_target(
+        tiny_config(f"target.path={tmp_path / 'm'}", "engine.mode=colocated").target, "colocated", torch.device("cpu"), torch.float32
+    )
     assert target.engine is None
     held = []
 
@@ -196,5 +223,7 @@ def test_the_engine_process_must_build_the_target_the_head_describes(tmp_path):
     head = TargetHead.from_path(tmp_path / "m", aux_layer_ids=[0, 2, 4])  # the engine builds the default ids (1, 3, 4)
     settings = types.SimpleNamespace(mode="colocated", slots=2, slot_tokens=64, start_timeout_s=120.0)
     with TargetSource(PathTarget(str(tmp_path / "m")), info=head.info) as source:
-        with pytest.raises(ValueError, match=r"built a different target than the trainer's: aux_layer_ids: trainer \(0, 2, 4\), engine \(1, 3, 4\)"):
+        with pytest.raises(
+            ValueError, match=r"built a different target than the trainer's: aux_layer_ids: trainer \(0, 2, 4\), engine \(1, 3, 4\)"
+        ):
             source.colocated(settings, "cpu")

@@ -10,9 +10,18 @@ from models.draft import DraftShape, Eagle3Draft
 from trainer.ttt import shift_left, simulated_accept_length, step_valid, target_labels, ttt_unroll
 
 SHAPE = DraftShape(
-    hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-    target_hidden_size=24, num_aux=3, vocab_size=50, draft_vocab_size=20, rms_norm_eps=1e-6,
-    rope_theta=10000.0, max_position_embeddings=256,
+    hidden_size=32,
+    intermediate_size=48,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    target_hidden_size=24,
+    num_aux=3,
+    vocab_size=50,
+    draft_vocab_size=20,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    max_position_embeddings=256,
 )
 
 
@@ -38,8 +47,9 @@ def reference_logits(draft: Eagle3Draft, input_ids, aux, k_last: int, norm_outpu
     keys, values = [], []
     for j in range(k_last + 1):
         emb = draft.embed_tokens.weight[shift_left(input_ids, 1 + j)]
-        x = torch.cat([_rms(emb, layer.input_layernorm.weight, s.rms_norm_eps),
-                       _rms(hidden, layer.hidden_norm.weight, s.rms_norm_eps)], dim=-1)
+        x = torch.cat(
+            [_rms(emb, layer.input_layernorm.weight, s.rms_norm_eps), _rms(hidden, layer.hidden_norm.weight, s.rms_norm_eps)], dim=-1
+        )
         att = layer.self_attn
         q = (x @ att.q_proj.weight.T).view(b, t, s.num_attention_heads, s.head_dim).transpose(1, 2)
         k = (x @ att.k_proj.weight.T).view(b, t, s.num_key_value_heads, s.head_dim).transpose(1, 2)

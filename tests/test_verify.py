@@ -15,7 +15,8 @@ from models.target import HFTargetEngine
 from models.vocab_map import build_vocab_map
 from serving.export import export_both
 from serving.formats import FORMATS, ExportSpec, read_export_config
-from serving.verify import format_report, main as verify_main, target_facts, verify_export, verify_exports
+from serving.verify import format_report, target_facts, verify_export, verify_exports
+from serving.verify import main as verify_main
 
 AUX = [1, 14, 26]
 
@@ -34,9 +35,13 @@ def exports(target_dir, tmp_path_factory):
     counts = torch.randint(0, 1000, (shape.vocab_size,), generator=torch.Generator().manual_seed(0))
     draft, vocab = Eagle3Draft(shape), build_vocab_map(counts, 1024)
     spec = ExportSpec.of(
-        AUX, norm_output=False, dtype=torch.bfloat16, target_architecture="LlamaForCausalLM", target_num_layers=30,
+        AUX,
+        norm_output=False,
+        dtype=torch.bfloat16,
+        target_architecture="LlamaForCausalLM",
+        target_num_layers=30,
         target_path=str(target_dir),
-    )  # fmt: skip
+    )
     return export_both(tmp_path_factory.mktemp("exports"), draft, vocab, spec)
 
 
@@ -97,7 +102,11 @@ def _module_prefix(t):  # a DDP / DeepSpeed wrapper's state_dict names
 FAILURES = [
     ("wrapper-prefixed keys", _module_prefix, ["module.midlayer.self_attn.q_proj.weight", "model.layers.0.self_attn.qkv_proj.weight"]),
     ("missing key", lambda t: t.pop("norm.weight"), ["model.norm.weight", "set by no tensor"]),
-    ("wrong fc width", lambda t: t.update({"fc.weight": torch.zeros(576, 1152, dtype=torch.bfloat16)}), ["fc.weight", "(576, 1152)", "(576, 1728)"]),
+    (
+        "wrong fc width",
+        lambda t: t.update({"fc.weight": torch.zeros(576, 1152, dtype=torch.bfloat16)}),
+        ["fc.weight", "(576, 1152)", "(576, 1728)"],
+    ),
     ("corrupted d2t", lambda t: t["d2t"].__setitem__(slice(0, 20), 0), ["corrupt vocab map", "first 20 d2t entries are all zero"]),
 ]
 
@@ -127,7 +136,9 @@ def test_layers_0_names_load_in_both_engines(exports, target_dir, tmp_path):
     """SGLang and vLLM both map ``layers.0.*`` onto their module: the engines accept it."""
     for engine in ("sglang", "vllm"):
         out = _copy(exports, engine, tmp_path)
-        _edit_weights(out, lambda t: t.update({k.replace("midlayer.", "layers.0."): t.pop(k) for k in list(t) if k.startswith("midlayer.")}))
+        _edit_weights(
+            out, lambda t: t.update({k.replace("midlayer.", "layers.0."): t.pop(k) for k in list(t) if k.startswith("midlayer.")})
+        )
         report = verify_export(out, engine, target_dir)
         assert report.ok, _messages(report)
 
@@ -154,11 +165,14 @@ def test_vllm_speculators_defaults_are_caught(exports, target_dir, tmp_path):
     assert "draft_id_to_target_id" in messages and "identity" in messages
 
 
-@pytest.mark.parametrize("engine, arch, expected", [
-    ("sglang", "TorchNativeLlamaForCausalLM", ["does not implement set_eagle3_layers_to_capture", "accept ~1.0"]),
-    ("sglang", "NotAModelForCausalLM", ["has no model class", "TransformersForCausalLM"]),
-    ("vllm", "Gemma2ForCausalLM", ["does not implement SupportsEagle3"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "engine, arch, expected",
+    [
+        ("sglang", "TorchNativeLlamaForCausalLM", ["does not implement set_eagle3_layers_to_capture", "accept ~1.0"]),
+        ("sglang", "NotAModelForCausalLM", ["has no model class", "TransformersForCausalLM"]),
+        ("vllm", "Gemma2ForCausalLM", ["does not implement SupportsEagle3"]),
+    ],
+)
 def test_a_target_without_aux_capture_is_flagged(exports, target_dir, tmp_path, engine, arch, expected):
     target = tmp_path / "target"
     target.mkdir()
@@ -212,5 +226,9 @@ def test_a_multimodal_target_is_read_from_its_text_config(exports, target_dir, t
     (wrapped / "config.json").write_text(json.dumps({"architectures": config["architectures"], "text_config": text}))
     facts = target_facts(wrapped, None)
     assert (facts.architecture, facts.num_layers, facts.hidden_size, facts.vocab_size) == (
-        config["architectures"][0], config["num_hidden_layers"], config["hidden_size"], config["vocab_size"])
+        config["architectures"][0],
+        config["num_hidden_layers"],
+        config["hidden_size"],
+        config["vocab_size"],
+    )
     assert verify_export(exports["sglang"], "sglang", wrapped).ok

@@ -8,10 +8,17 @@ from trainer.config import Config, register_schema, to_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
-    "data.max_conversations=48", "data.max_eval_conversations=16", "data.max_tokens=512", "data.max_len=128",
-    "draft.vocab_size=1024", "trainer.max_steps=3", "trainer.log_every=1", "draft.ttt_steps=3",
-    "trainer.eval_prompts=2", "trainer.eval_max_new_tokens=8",
-]  # fmt: skip
+    "data.max_conversations=48",
+    "data.max_eval_conversations=16",
+    "data.max_tokens=512",
+    "data.max_len=128",
+    "draft.vocab_size=1024",
+    "trainer.max_steps=3",
+    "trainer.log_every=1",
+    "draft.ttt_steps=3",
+    "trainer.eval_prompts=2",
+    "trainer.eval_max_new_tokens=8",
+]
 
 
 def tiny_config(*overrides: str) -> Config:

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import torch
 
+from models.batch import TokenBatch
 from models.draft import DraftShape, Eagle3Draft, draft_shape_for
 from models.target import TargetInfo
 from models.vocab_map import VocabMap, build_vocab_map, count_tokens
 from serving.prompts import PromptSpec, prompts_from_conversations, read_prompt_file
 from trainer import checkpoint as ckpt
 from trainer.config import Config
-from models.batch import TokenBatch
 from trainer.data import EncodedSample, MixLoader, token_batches
 from trainer.dist import Parallel
 from trainer.flops import device_peak_tflops
@@ -40,16 +40,22 @@ class RunIdentity:
         info, cfg, shape = self.info, self.cfg, self.shape.to_dict()
         derived = ("vocab_size", "draft_vocab_size", "target_hidden_size", "num_aux")  # in target.* or draft.vocab_size
         return {
-            "target": {"architecture": info.architecture, "layers": info.num_layers, "hidden": info.hidden_size,
-                       "vocab": info.vocab_size, "aux_layer_ids": list(info.aux_layer_ids), "dtype": str(self.dtype),
-                       "embedding": self.embed_digest},
+            "target": {
+                "architecture": info.architecture,
+                "layers": info.num_layers,
+                "hidden": info.hidden_size,
+                "vocab": info.vocab_size,
+                "aux_layer_ids": list(info.aux_layer_ids),
+                "dtype": str(self.dtype),
+                "embedding": self.embed_digest,
+            },
             "draft": {k: v for k, v in shape.items() if k not in derived}
             | {"vocab_size": self.shape.draft_vocab_size, "ttt_steps": cfg.draft.ttt_steps, "norm_output": cfg.draft.norm_output},
             "vocab_map": ckpt.vocab_digest(vocab),
             "data": asdict(cfg.data) | {"seed": cfg.trainer.seed},
             "schedule": asdict(cfg.schedule) | {"epochs": cfg.trainer.epochs, "max_steps": cfg.trainer.max_steps},
             "parallel": {"world": self.world, "zero_stage": cfg.deepspeed.zero_stage, "grad_accum": cfg.deepspeed.grad_accum},
-        }  # fmt: skip
+        }
 
 
 @dataclass
@@ -92,10 +98,21 @@ def build(cfg: Config, par: Parallel, ckpt_root: Path) -> Built:
     labeler = TargetLabeler(head.lm_head_weight, vocab.draft_to_target.to(par.device), vocab.t2d.to(par.device))
     total = total_steps(cfg, data, loader, par)
     return Built(
-        dtype=dtype, target=target, identity=identity, target_source=source, data=data, loader=loader, prompts=prompts, prompt_origin=prompt_origin,
-        resume_from=resume_from, vocab=vocab, labeler=labeler, total_steps=total,
-        engine=deepspeed_engine(cfg, target, shape, vocab, total, dtype), peak_tflops=device_peak_tflops(cfg.trainer.peak_tflops, par.device.type),
-    )  # fmt: skip
+        dtype=dtype,
+        target=target,
+        identity=identity,
+        target_source=source,
+        data=data,
+        loader=loader,
+        prompts=prompts,
+        prompt_origin=prompt_origin,
+        resume_from=resume_from,
+        vocab=vocab,
+        labeler=labeler,
+        total_steps=total,
+        engine=deepspeed_engine(cfg, target, shape, vocab, total, dtype),
+        peak_tflops=device_peak_tflops(cfg.trainer.peak_tflops, par.device.type),
+    )
 
 
 def eval_batches(cfg: Config, data: PreparedData, par: Parallel, pad_id: int) -> list[TokenBatch]:
@@ -174,8 +191,10 @@ def check_resume(cfg: Config, path: Path, now: dict) -> None:
     diffs = ckpt.differences(ckpt.read_meta(path)["fingerprint"], now, allow)
     if diffs:
         raise ValueError(
-            f"cannot resume from {path}, it differs from this run:\n  " + "\n  ".join(diffs)
-            + "\n(resume with the checkpoint's values; trainer.resume_allow=[data] or [schedule] permits a deliberate change of data or schedule)"
+            f"cannot resume from {path}, it differs from this run:\n  "
+            + "\n  ".join(diffs)
+            + "\n(resume with the checkpoint's values; trainer.resume_allow=[data] or [schedule] "
+            "permits a deliberate change of data or schedule)"
         )
 
 

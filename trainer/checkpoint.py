@@ -104,7 +104,15 @@ def _set_rng_state(state: dict) -> None:
 
 
 def save(
-    engine, root: Path, pos: Position, data_state: dict, fingerprint: dict, vocab: VocabMap, config: dict, keep_last: int, is_main: bool,
+    engine,
+    root: Path,
+    pos: Position,
+    data_state: dict,
+    fingerprint: dict,
+    vocab: VocabMap,
+    config: dict,
+    keep_last: int,
+    is_main: bool,
     wandb_id: str | None,
 ) -> Path:
     """Every rank calls this. ``data_state`` is the data loader's position (``MixLoader.state_for``);
@@ -116,7 +124,9 @@ def save(
         tmp.mkdir(parents=True)
     torch.distributed.barrier()
     try:
-        engine.save_checkpoint(str(tmp), tag=STATE_TAG, client_state={"rng": _rng_state()}, save_latest=False, exclude_frozen_parameters=True)
+        engine.save_checkpoint(
+            str(tmp), tag=STATE_TAG, client_state={"rng": _rng_state()}, save_latest=False, exclude_frozen_parameters=True
+        )
         torch.distributed.barrier()
         if is_main:
             vocab.save(tmp / VOCAB_FILE)

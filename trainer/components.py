@@ -21,14 +21,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from models.batch import FeatureBatch
 from serving.pipeline import export_verify_eval
 from trainer import checkpoint as ckpt
-from trainer.report import metrics as M
-from models.batch import FeatureBatch
 from trainer.build import Built
 from trainer.config import Config
 from trainer.dist import Parallel
 from trainer.flops import flops_per_token, mfu
+from trainer.report import metrics as M
 from trainer.sources import with_eval_target
 from trainer.ttt import TTTOutput, simulated_accept_length
 
@@ -208,11 +208,17 @@ class MetricsLog:
         wall, n = time.perf_counter() - w.start, max(1, w.steps)
         row = w.stats.all_reduce(self.par.device).report("train") if w.stats is not None else {}
         row.update(self.progress())
-        row.update({
-            M.LR: self.engine.get_lr()[0], M.TOKENS_PER_S: packed[0].item() / wall, M.STEP_TIME: wall / n,
-            M.TARGET_TIME: w.target_s / n, M.DRAFT_TIME: w.draft_s / n, M.NONFINITE: float(self.state.nonfinite),
-            M.STALL_SHARE: w.target_s / max(1e-9, w.target_s + w.draft_s),
-        })  # fmt: skip
+        row.update(
+            {
+                M.LR: self.engine.get_lr()[0],
+                M.TOKENS_PER_S: packed[0].item() / wall,
+                M.STEP_TIME: wall / n,
+                M.TARGET_TIME: w.target_s / n,
+                M.DRAFT_TIME: w.draft_s / n,
+                M.NONFINITE: float(self.state.nonfinite),
+                M.STALL_SHARE: w.target_s / max(1e-9, w.target_s + w.draft_s),
+            }
+        )
         if self.peak_tflops is not None:
             row[M.MFU] = mfu(packed[1].item(), wall, self.par.world, self.peak_tflops)
         grad_norm = self.engine.get_global_grad_norm()
@@ -300,9 +306,17 @@ class Checkpointer:
         pos, b = self.state.pos, self.built
         data_state = b.loader.state_for(pos.epoch, pos.micro)  # what was trained, not what was read ahead
         return ckpt.save(
-            b.engine, self.root, pos, data_state, b.identity.fingerprint(b.vocab), b.vocab, asdict(self.cfg),
-            self.cfg.trainer.keep_last, self.par.is_main, self.wandb_id,
-        )  # fmt: skip
+            b.engine,
+            self.root,
+            pos,
+            data_state,
+            b.identity.fingerprint(b.vocab),
+            b.vocab,
+            asdict(self.cfg),
+            self.cfg.trainer.keep_last,
+            self.par.is_main,
+            self.wandb_id,
+        )
 
     def should_save(self) -> bool:
         every = self.cfg.trainer.checkpoint_every
@@ -347,16 +361,25 @@ class Validator:
             if self.par.is_main:
                 tqdm.write(
                     f"export for SGLang and vLLM to {self.run_dir / 'export'}, verify both, then decode "
-                    f"{len(b.prompts)} held-out prompts speculatively (serving eval)", file=sys.stderr,
-                )  # fmt: skip
+                    f"{len(b.prompts)} held-out prompts speculatively (serving eval)",
+                    file=sys.stderr,
+                )
                 source = b.target.path
 
                 def run(model) -> dict:
                     return export_verify_eval(
-                        draft, b.vocab, head.info, model, head.tokenizer, b.prompts, self.run_dir / "export",
-                        norm_output=cfg.draft.norm_output, k=cfg.trainer.spec_tokens,
-                        max_new_tokens=cfg.trainer.eval_max_new_tokens, target_dir=source if source.is_dir() else None,
-                    )  # fmt: skip
+                        draft,
+                        b.vocab,
+                        head.info,
+                        model,
+                        head.tokenizer,
+                        b.prompts,
+                        self.run_dir / "export",
+                        norm_output=cfg.draft.norm_output,
+                        k=cfg.trainer.spec_tokens,
+                        max_new_tokens=cfg.trainer.eval_max_new_tokens,
+                        target_dir=source if source.is_dir() else None,
+                    )
 
                 result[0] = with_eval_target(b.target, cfg.trainer, self.par.device, b.dtype, run)
         torch.distributed.broadcast_object_list(result, src=0)

@@ -79,12 +79,22 @@ class DataConfig:
         for name, src in self.sources.items():
             key = f"data.sources.{name}"
             _require(src.format in formats, f"{key}.format", f"unknown format {src.format!r} (known: {', '.join(formats)})")
-            _require(src.path is not None or src.format in ("chatterbot", *wheels), f"{key}.path", f"format {src.format} needs a local path")
-            _require(src.path is None or src.format != "chatterbot", f"{key}.path", "format chatterbot reads the packaged corpus and takes no path")
+            _require(
+                src.path is not None or src.format in ("chatterbot", *wheels), f"{key}.path", f"format {src.format} needs a local path"
+            )
+            _require(
+                src.path is None or src.format != "chatterbot",
+                f"{key}.path",
+                "format chatterbot reads the packaged corpus and takes no path",
+            )
             _require(src.split is None or src.format == "hf_disk", f"{key}.split", "applies to format hf_disk only")
             _require(src.holdout_fraction is None or 0 < src.holdout_fraction < 1, f"{key}.holdout_fraction", "must be in (0, 1)")
         if self.mix is not None:
-            _require(isinstance(self.mix, dict) and len(self.mix) > 0, "data.mix", f"must be a non-empty {{source: weight}} map, got {self.mix!r}")
+            _require(
+                isinstance(self.mix, dict) and len(self.mix) > 0,
+                "data.mix",
+                f"must be a non-empty {{source: weight}} map, got {self.mix!r}",
+            )
             unknown = sorted(set(self.mix) - set(self.sources))
             _require(not unknown, "data.mix", f"names unknown source(s) {unknown} (data.sources: {', '.join(self.sources) or 'none'})")
             for name, weight in self.mix.items():
@@ -95,11 +105,17 @@ class DataConfig:
         if self.holdout_categories is not None:
             _require(len(self.holdout_categories) > 0, "data.holdout_categories", "must name at least one category (null: split by hash)")
             fractions = sorted(n for n, s in self.sources.items() if s.holdout_fraction is not None)
-            _require(not fractions, "data.holdout_categories", f"replaces the hash split; unset holdout_fraction of data.sources {fractions}")
+            _require(
+                not fractions, "data.holdout_categories", f"replaces the hash split; unset holdout_fraction of data.sources {fractions}"
+            )
         _require(self.max_len >= 8, "data.max_len", "must be >= 8")
         _require(self.overlong in ("truncate", "drop"), "data.overlong", f"{self.overlong!r} is not truncate or drop")
         _require(self.max_tokens >= self.max_len, "data.max_tokens", "must be >= data.max_len")
-        _require(len(self.think_tags) == 2 and all(self.think_tags) and self.think_tags[0] != self.think_tags[1], "data.think_tags", "needs two different non-empty tags")
+        _require(
+            len(self.think_tags) == 2 and all(self.think_tags) and self.think_tags[0] != self.think_tags[1],
+            "data.think_tags",
+            "needs two different non-empty tags",
+        )
         _require(self.on_error in ("raise", "skip"), "data.on_error", f"{self.on_error!r} is not raise or skip")
 
 
@@ -152,7 +168,9 @@ class EngineConfig:
         _require(self.name in ("hf", "sglang"), "engine.name", f"unknown engine {self.name!r} (known: hf, sglang)")
         _require(self.mode in ("inprocess", "colocated"), "engine.mode", f"unknown mode {self.mode!r} (known: inprocess, colocated)")
         if self.name == "sglang":
-            _require(self.sglang is not None, "engine.sglang", "engine sglang needs its settings: select engine=sglang (conf/engine/sglang.yaml)")
+            _require(
+                self.sglang is not None, "engine.sglang", "engine sglang needs its settings: select engine=sglang (conf/engine/sglang.yaml)"
+            )
             _require(self.mode == "colocated", "engine.mode", "engine sglang runs in its own engine process: mode must be colocated")
         else:
             _require(self.sglang is None, "engine.sglang", f"applies to engine sglang only (engine.name is {self.name})")
@@ -206,7 +224,9 @@ class TrainConfig:
     spec_tokens: int = DEFAULT_SPECULATIVE_TOKENS  # draft tokens a speculative step proposes (chain), at evaluation and in the exports
     eval_max_new_tokens: int = 64  # tokens generated per held-out prompt at evaluation
     serve_eval: bool = True  # decode the held-out prompts speculatively at each export; false: export + verify only
-    serve_eval_max_gb: Optional[float] = 64.0  # colocated: a target checkpoint larger than this is not loaded for that eval (null: no limit)
+    serve_eval_max_gb: Optional[float] = (
+        64.0  # colocated: a target checkpoint larger than this is not loaded for that eval (null: no limit)
+    )
     peak_tflops: Optional[float] = None  # a device's peak FLOP/s for perf/mfu; None: 790 (H200 bf16) on CUDA, no MFU on CPU
 
     def __post_init__(self) -> None:
@@ -217,7 +237,9 @@ class TrainConfig:
         _require(self.eval_prompts >= 1, "trainer.eval_prompts", "must be >= 1")
         _require(self.spec_tokens >= 1, "trainer.spec_tokens", "must be >= 1")
         _require(self.eval_max_new_tokens >= 1, "trainer.eval_max_new_tokens", "must be >= 1")
-        _require(self.serve_eval_max_gb is None or self.serve_eval_max_gb > 0, "trainer.serve_eval_max_gb", "must be positive (null: no limit)")
+        _require(
+            self.serve_eval_max_gb is None or self.serve_eval_max_gb > 0, "trainer.serve_eval_max_gb", "must be positive (null: no limit)"
+        )
         bad = sorted(set(self.resume_allow) - {"data", "schedule"})
         _require(not bad, "trainer.resume_allow", f"{bad} cannot change on resume (allowed: data, schedule)")
         _require(self.max_steps is None or self.max_steps >= 1, "trainer.max_steps", "must be >= 1")
@@ -261,7 +283,9 @@ def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
 def to_config(cfg: DictConfig) -> Config:
     """Resolve a composed Hydra config into typed dataclasses (runs every check)."""
     unknown = unknown_keys(cfg)
-    _require(not unknown, unknown[0] if unknown else "", "unknown key (not in the schema, trainer/config.py): remove it or fix its spelling")
+    _require(
+        not unknown, unknown[0] if unknown else "", "unknown key (not in the schema, trainer/config.py): remove it or fix its spelling"
+    )
     try:
         return OmegaConf.to_object(cfg)
     except MissingMandatoryValue as e:

@@ -29,8 +29,28 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from trainer.data.corpora import SOURCES, WHEELS, CorpusCounts, GroupCap, Prompt, corpus_prompts, default_wheel_dir, open_wheel, pinned_wheel
-from trainer.data.corpora_select import EXAMINE, PER_TASK_CAP, THRESHOLD, LeakCheck, PromptFilter, PromptIndex, prompt_firsts, select, split_heldout
+from trainer.data.corpora import (
+    SOURCES,
+    WHEELS,
+    CorpusCounts,
+    GroupCap,
+    Prompt,
+    corpus_prompts,
+    default_wheel_dir,
+    open_wheel,
+    pinned_wheel,
+)
+from trainer.data.corpora_select import (
+    EXAMINE,
+    PER_TASK_CAP,
+    THRESHOLD,
+    LeakCheck,
+    PromptFilter,
+    PromptIndex,
+    prompt_firsts,
+    select,
+    split_heldout,
+)
 
 HELDOUT = {"sharegpt": 200, "evals": 100, "codeio": 100}
 GZIP_OVER = 15 * 2**20  # bytes: a larger training prompt file is written gzipped
@@ -155,7 +175,21 @@ def prepare(
     return manifest
 
 
-STAGES = ("read", "malformed", "truncated_tail", "skipped", "over_cap", "too_short", "too_long", "non_english", "duplicates", "near_duplicates", "heldout", "over_max", "kept")  # fmt: skip
+STAGES = (
+    "read",
+    "malformed",
+    "truncated_tail",
+    "skipped",
+    "over_cap",
+    "too_short",
+    "too_long",
+    "non_english",
+    "duplicates",
+    "near_duplicates",
+    "heldout",
+    "over_max",
+    "kept",
+)
 
 
 def format_counts(manifest: dict) -> str:
@@ -197,7 +231,9 @@ def main(argv: list[str] | None = None) -> None:
     q.add_argument("--max-per-source", type=int, default=None, help="training prompts per source at most")
     q.add_argument("--per-task-cap", type=int, default=PER_TASK_CAP, help="evals prompts per task at most")
     q.add_argument("--seed", type=int, default=0)
-    q.add_argument("--on-error", choices=("raise", "skip"), default="raise", help="a malformed record: raise (naming file:line) or count and skip")
+    q.add_argument(
+        "--on-error", choices=("raise", "skip"), default="raise", help="a malformed record: raise (naming file:line) or count and skip"
+    )
     d = PromptFilter()
     for name in ("min_chars", "max_chars", "min_words", "max_turns"):
         q.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(d, name))

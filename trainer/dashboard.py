@@ -34,9 +34,7 @@ def _section(spec: SectionSpec, columns: int = 3):
 
     panels = [_panel(p) for p in spec.panels if p.metrics]
     rows = -(-len(panels) // columns)
-    return ws.Section(
-        name=spec.title, panels=panels, is_open=True, layout_settings=ws.SectionLayoutSettings(columns=columns, rows=rows)
-    )
+    return ws.Section(name=spec.title, panels=panels, is_open=True, layout_settings=ws.SectionLayoutSettings(columns=columns, rows=rows))
 
 
 def build_workspace(

@@ -36,7 +36,14 @@ def flops_per_token(target_config, s: DraftShape, seq: int, ttt: int) -> dict[st
     hd = s.hidden_size
     fc = 2 * 2 * (s.num_aux * s.target_hidden_size) * hd
     steps = sum(
-        3 * (2 * (2 * hd) * (q_d + 2 * kv_d) + 2 * q_d * hd + 2 * 3 * hd * s.intermediate_size + 2 * hd * s.draft_vocab_size + 4 * q_d * (ctx + k))
+        3
+        * (
+            2 * (2 * hd) * (q_d + 2 * kv_d)
+            + 2 * q_d * hd
+            + 2 * 3 * hd * s.intermediate_size
+            + 2 * hd * s.draft_vocab_size
+            + 4 * q_d * (ctx + k)
+        )
         for k in range(ttt)
     )
     draft = fc + steps

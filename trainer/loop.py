@@ -13,17 +13,32 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from models.batch import FeatureBatch
 from serving.prompts import write_prompt_file
 from trainer import checkpoint as ckpt
-from trainer.report import metrics as M
-from models.batch import FeatureBatch
 from trainer.build import build, eval_batches
 from trainer.components import (
-    END_EVAL, REPORT, SERVING_EVAL, TRAINING, UNTRAINED_EVAL, Checkpointer, Counters, MetricsLog, NonFinite, StepEnd,
-    StepStats, Stop, StopSignals, TimeCap, Validator, Window, metrics_only,
-)  # fmt: skip
+    END_EVAL,
+    REPORT,
+    SERVING_EVAL,
+    TRAINING,
+    UNTRAINED_EVAL,
+    Checkpointer,
+    Counters,
+    MetricsLog,
+    NonFinite,
+    StepEnd,
+    StepStats,
+    Stop,
+    StopSignals,
+    TimeCap,
+    Validator,
+    Window,
+    metrics_only,
+)
 from trainer.config import Config
 from trainer.dist import Parallel, init_parallel, resolve_device
+from trainer.report import metrics as M
 from trainer.report.report import REPORT_DIR, REPORT_FILE, format_summary, write_report
 from trainer.stream.feature_stream import open_feature_stream
 from trainer.ttt import TTTOutput, draft_step
@@ -46,8 +61,14 @@ class Trainer:
         self.metrics = MetricsLog(cfg, b, self.par, self.state)
         self.checkpointer = Checkpointer(cfg, b, self.par, self.ckpt_root, self.state, self.signals)
         self.validator = Validator(cfg, b, self.par, self.run_dir, self.signals, self.metrics)
-        self.components = [self.state, self.nonfinite, self.metrics, self.checkpointer, self.validator,
-                           TimeCap(cfg.trainer.max_time_s, self.par.device, self.state)]  # fmt: skip
+        self.components = [
+            self.state,
+            self.nonfinite,
+            self.metrics,
+            self.checkpointer,
+            self.validator,
+            TimeCap(cfg.trainer.max_time_s, self.par.device, self.state),
+        ]
         if self.par.is_main:  # the serving eval's prompts: `python -m serving.eval ... --prompts RUN/eval_prompts.jsonl`
             write_prompt_file(b.prompts, self.run_dir / EVAL_PROMPTS_FILE)
         if b.resume_from:
@@ -147,16 +168,24 @@ class Trainer:
     def _summary(self, start: float, untrained: dict | None, trained: dict, served: dict, progress: dict) -> dict:
         b, resumed = self.built, self.built.resume_from
         return {
-            "steps": self.state.step, "stopped_by": self.state.stopped_by(self.cfg.trainer.max_steps),
-            "wall_time_s": time.perf_counter() - start, "train_time_s": self.state.train_s,
-            "tokens_seen": int(progress[M.TOKENS_SEEN]), "eval_prompts": b.prompt_origin,
+            "steps": self.state.step,
+            "stopped_by": self.state.stopped_by(self.cfg.trainer.max_steps),
+            "wall_time_s": time.perf_counter() - start,
+            "train_time_s": self.state.train_s,
+            "tokens_seen": int(progress[M.TOKENS_SEEN]),
+            "eval_prompts": b.prompt_origin,
             "resumed_from": str(resumed) if resumed else None,
             "untrained_eval_sim_accept_len": untrained[M.EVAL_SIM_ACCEPT] if untrained else None,
-            "eval_sim_accept_len": trained[M.EVAL_SIM_ACCEPT], "eval": trained, "nonfinite_skipped": self.state.nonfinite,
-            "checkpoint": str(ckpt.latest(self.ckpt_root)), "export_dir": served["export_dirs"]["sglang"],
-            "serve_eval": served["serve_eval"], "export_dirs": served["export_dirs"], "verify": served["verify"],
+            "eval_sim_accept_len": trained[M.EVAL_SIM_ACCEPT],
+            "eval": trained,
+            "nonfinite_skipped": self.state.nonfinite,
+            "checkpoint": str(ckpt.latest(self.ckpt_root)),
+            "export_dir": served["export_dirs"]["sglang"],
+            "serve_eval": served["serve_eval"],
+            "export_dirs": served["export_dirs"],
+            "verify": served["verify"],
             "data": self.data.report(),
-        }  # fmt: skip
+        }
 
 
 def _sync(device: torch.device) -> None:

@@ -7,7 +7,8 @@ turn with the target given the conversation so far (earlier assistant turns alre
 regenerated), chunk by chunk: wave t of a chunk generates the t-th assistant turn of every
 conversation in it, in one call of the generation backend (``--engine``: transformers
 ``generate`` in left-padded batches, or SGLang's offline engine: ``trainer.datagen.gen_backend``).
-Turns after the last assistant turn are dropped (they carry no loss). The output is OpenAI-messages jsonl, which the ``openai`` source reads:
+Turns after the last assistant turn are dropped (they carry no loss). The output is OpenAI-messages
+jsonl, which the ``openai`` source reads:
 
     {"id": "...", "messages": [...], "generation": {"finish": ["stop", "length"], ...}}
 
@@ -62,7 +63,7 @@ from trainer.datagen.gen_backend import (  # noqa: E402
     generate_chats,
     open_backend,
     resolve_engine,
-)  # fmt: skip
+)
 
 
 @dataclass
@@ -78,10 +79,12 @@ class RegenReport:
 
     def line(self) -> str:
         rate = self.new_tokens / self.seconds if self.seconds else 0.0
-        return (f"{self.written} conversations written ({self.skipped_done} already done, {self.same_prompts} with the prompts of "
-                f"an earlier one skipped, {self.records} in the source), "
-                f"{self.turns} assistant turns ({self.stopped_by_length} cut at max_new_tokens), {self.new_tokens} new tokens "
-                f"in {self.seconds:.1f} s ({rate:.1f} tokens/s)")  # fmt: skip
+        return (
+            f"{self.written} conversations written ({self.skipped_done} already done, {self.same_prompts} with the prompts of "
+            f"an earlier one skipped, {self.records} in the source), "
+            f"{self.turns} assistant turns ({self.stopped_by_length} cut at max_new_tokens), {self.new_tokens} new tokens "
+            f"in {self.seconds:.1f} s ({rate:.1f} tokens/s)"
+        )
 
 
 def prompt_key(conv: Conversation) -> str:
@@ -113,7 +116,9 @@ def done_ids(output: Path) -> set[str]:
         except (json.JSONDecodeError, AttributeError):
             rid = None
         if not isinstance(rid, str):
-            raise ValueError(f"{output}:{lineno}: not a regenerated record (JSON object with an 'id'); remove it or choose another --output")
+            raise ValueError(
+                f"{output}:{lineno}: not a regenerated record (JSON object with an 'id'); remove it or choose another --output"
+            )
         ids.add(rid)
     return ids
 
@@ -164,12 +169,17 @@ def regenerate_batch(
 
 
 def regenerate(
-    convs: Sequence[Conversation], backend: Backend, output: Path, settings: GenerationSettings, meta: dict, progress: bool = True,
+    convs: Sequence[Conversation],
+    backend: Backend,
+    output: Path,
+    settings: GenerationSettings,
+    meta: dict,
+    progress: bool = True,
     extras: Sequence[dict] | None = None,
 ) -> RegenReport:
     """Regenerate ``convs`` into ``output`` (appending; ids already there are skipped), a chunk
     of ``settings.batch_size`` conversations per backend call and write; ``extras[k]`` (keys
-    other than id / messages / generation) go into conversation k's record."""  # fmt: skip
+    other than id / messages / generation) go into conversation k's record."""
     start = time.perf_counter()
     output.parent.mkdir(parents=True, exist_ok=True)
     done = done_ids(output)
@@ -184,8 +194,13 @@ def regenerate(
         report.same_prompts, pending = len(pending) - len(unique), unique
     # similar lengths share a chunk: less left padding, and the waves end together
     todo = sorted(pending, key=lambda k: (len(convs[k]), sum(len(m["content"]) for m in convs[k])))
-    bar = tqdm(total=report.skipped_done + len(todo), initial=report.skipped_done, desc=f"regenerate ({backend.name})", unit="conv",
-               disable=not progress)  # fmt: skip
+    bar = tqdm(
+        total=report.skipped_done + len(todo),
+        initial=report.skipped_done,
+        desc=f"regenerate ({backend.name})",
+        unit="conv",
+        disable=not progress,
+    )
     with output.open("a", encoding="utf-8") as f:
         for b in range(0, len(todo), settings.batch_size):
             chunk = todo[b : b + settings.batch_size]
@@ -210,13 +225,25 @@ def generation_meta(backend: Backend, settings: GenerationSettings) -> dict:
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     """The generator options ``trainer.regenerate`` and ``trainer.synthesize`` share."""
-    p.add_argument("--engine", default="hf", choices=ENGINES, help="hf: transformers generate (default); sglang: SGLang's offline "
-                   "engine (GPU); auto: sglang when importable and on a GPU, else hf")  # fmt: skip
+    p.add_argument(
+        "--engine",
+        default="hf",
+        choices=ENGINES,
+        help="hf: transformers generate (default); sglang: SGLang's offline "
+        "engine (GPU); auto: sglang when importable and on a GPU, else hf",
+    )
     p.add_argument("--target", default=None, help="local transformers dir (or .gguf, hf only; default: the embedded SmolLM2 target)")
-    p.add_argument("--batch-size", type=int, default=None, help="hf: prompts per generate batch (default 256 on a GPU, 16 on the "
-                   "CPU); sglang: prompts per engine call (default 2048), written per call")  # fmt: skip
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="hf: prompts per generate batch (default 256 on a GPU, 16 on the "
+        "CPU); sglang: prompts per engine call (default 2048), written per call",
+    )
     p.add_argument("--device", default="auto", help="hf: auto | cpu | cuda | cuda:N")
-    p.add_argument("--dtype", default="auto", choices=("auto", *DTYPES), help="auto: bfloat16 on GPU, float32 on CPU (sglang: the checkpoint's)")
+    p.add_argument(
+        "--dtype", default="auto", choices=("auto", *DTYPES), help="auto: bfloat16 on GPU, float32 on CPU (sglang: the checkpoint's)"
+    )
     p.add_argument("--static-cache", action="store_true", help="hf: a static KV cache (prompts padded to a multiple of 64 tokens)")
     p.add_argument("--compile", action="store_true", help="hf with --static-cache: compile the decode step (GPU)")
     p.add_argument("--attention-backend", default="triton", help="sglang: attention kernels (default triton; fa3 needs its wheel)")
@@ -225,8 +252,17 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
 
 def engine_of(args: argparse.Namespace) -> tuple[EngineSettings, int]:
     """(the engine settings the arguments name, the batch size: given or the engine's default)."""
-    engine = EngineSettings(args.engine, args.target, args.device, args.dtype, args.static_cache, args.compile,
-                            args.attention_backend, args.mem_fraction_static, args.seed)  # fmt: skip
+    engine = EngineSettings(
+        args.engine,
+        args.target,
+        args.device,
+        args.dtype,
+        args.static_cache,
+        args.compile,
+        args.attention_backend,
+        args.mem_fraction_static,
+        args.seed,
+    )
     return engine, args.batch_size or default_batch_size(resolve_engine(args.engine), args.device)
 
 
@@ -260,7 +296,9 @@ def main(argv: Sequence[str] | None = None) -> RegenReport:
         convs, extras = prompt_conversations(args.prompts)
         described = f"prompt file {args.prompts}: {len(convs)} prompts"
     else:
-        convs, stats = read_source(args.format, args.path, languages=args.languages, split=args.split, on_error=args.on_error, name=f"source {args.format}")
+        convs, stats = read_source(
+            args.format, args.path, languages=args.languages, split=args.split, on_error=args.on_error, name=f"source {args.format}"
+        )
         skipped = {k: v for k, v in stats.as_dict().items() if v and k in ("malformed", "no_assistant", "duplicates")}
         extras, described = None, f"source {args.format}: {stats.conversations} conversations (skipped: {skipped or 'none'})"
     convs, extras = convs[: args.limit], extras and extras[: args.limit]

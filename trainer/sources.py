@@ -65,7 +65,9 @@ def load_target(cfg: TargetConfig, mode: str, device: torch.device, dtype: torch
     return TargetBundle(head=head, engine=engine, pad_id=pad_id, path=path)
 
 
-def with_eval_target(target: TargetBundle, cfg: TrainConfig, device: torch.device, dtype: torch.dtype, run: Callable[[object], dict]) -> dict:
+def with_eval_target(
+    target: TargetBundle, cfg: TrainConfig, device: torch.device, dtype: torch.dtype, run: Callable[[object], dict]
+) -> dict:
     """``run(model)`` for one serving eval, ``model`` the whole target (a transformers causal LM)
     or None, plus ``serve_eval``: which it was and why.
 
@@ -78,8 +80,10 @@ def with_eval_target(target: TargetBundle, cfg: TrainConfig, device: torch.devic
         return run(target.engine.model) | {"serve_eval": "the in-process target"}
     gb = checkpoint_bytes(target.path) / 1e9
     if cfg.serve_eval_max_gb is not None and gb > cfg.serve_eval_max_gb:
-        why = (f"skipped: the target checkpoint {target.path} is {gb:.1f} GB, over trainer.serve_eval_max_gb={cfg.serve_eval_max_gb:g} "
-               "(raise it, or null for no limit, to load the target for the eval); exported and verified only")  # fmt: skip
+        why = (
+            f"skipped: the target checkpoint {target.path} is {gb:.1f} GB, over trainer.serve_eval_max_gb={cfg.serve_eval_max_gb:g} "
+            "(raise it, or null for no limit, to load the target for the eval); exported and verified only"
+        )
         print(f"serving eval {why}")
         return run(None) | {"serve_eval": why}
     print(f"serving eval: loading the whole target {target.path} ({gb:.1f} GB) on {device} for this eval; freed after it")
@@ -101,10 +105,17 @@ def sglang_recipe(target: TargetConfig, engine: EngineConfig, ids: Sequence[int]
     path = target.path if target.path is not None else embedded_target_dir()
     group, rank = divmod(local_rank, s.tp_size)
     return SGLangTarget(
-        path=str(path), aux_layer_ids=tuple(ids), dtype=dtype, tp_size=s.tp_size, tp_rank=rank, dist_port=s.dist_port + group,
-        mem_fraction_static=s.mem_fraction_static, attention_backend=s.attention_backend, load_format=s.load_format,
+        path=str(path),
+        aux_layer_ids=tuple(ids),
+        dtype=dtype,
+        tp_size=s.tp_size,
+        tp_rank=rank,
+        dist_port=s.dist_port + group,
+        mem_fraction_static=s.mem_fraction_static,
+        attention_backend=s.attention_backend,
+        load_format=s.load_format,
         max_total_tokens=s.max_total_tokens,
-    )  # fmt: skip
+    )
 
 
 def local_world_size(par: Parallel) -> int:
@@ -173,7 +184,9 @@ def train_batcher(cfg: DataConfig, pad_id: int) -> Batcher:
 
 
 def _read(name: str, src: DataSourceConfig, on_error: str):
-    return read_source(src.format, src.path, languages=tuple(src.languages), split=src.split, on_error=on_error, name=f"data.sources.{name}")
+    return read_source(
+        src.format, src.path, languages=tuple(src.languages), split=src.split, on_error=on_error, name=f"data.sources.{name}"
+    )
 
 
 @dataclass(frozen=True)
@@ -200,8 +213,10 @@ class Holdout:
 
     def describe(self) -> str:
         if self.keys is not None:
-            return (f"chatterbot categories {', '.join(self.cfg.holdout_categories)} ({', '.join(chatterbot_languages_of(self.cfg))}; "
-                    f"{len(self.keys)} first prompts, held out of every source, never trained on)")  # fmt: skip
+            return (
+                f"chatterbot categories {', '.join(self.cfg.holdout_categories)} ({', '.join(chatterbot_languages_of(self.cfg))}; "
+                f"{len(self.keys)} first prompts, held out of every source, never trained on)"
+            )
         fractions = {n: s.holdout_fraction for n, s in self.cfg.sources.items() if s.holdout_fraction is not None}
         return f"first-prompt hash, fraction {self.cfg.holdout_fraction}{f' {fractions}' if fractions else ''}, seed {self.seed}"
 
@@ -224,7 +239,9 @@ def check_split_sizes(cfg: DataConfig, holdout: "Holdout", train: dict[str, list
     sizes = ", ".join(f"{n}: {len(train[n])} train / {len(held[n])} held out" for n in train)
     if holdout.keys is not None:
         if not any(held.values()):
-            raise ValueError(f"config data.holdout_categories: no source has a conversation of those categories ({sizes}); name other categories")
+            raise ValueError(
+                f"config data.holdout_categories: no source has a conversation of those categories ({sizes}); name other categories"
+            )
         return
     for name in train:
         if not held[name]:
@@ -255,7 +272,9 @@ def prepare_data(cfg: DataConfig, tokenizer, seed: int, eval_prompts_file: str |
         if leaks is not None:
             leaks.check(((str(i), first_user_turn(c)) for i, c in enumerate(train_convs)), f"data.sources.{name}: training conversation")
         train_convs, held_convs = train_convs[: cfg.max_conversations], held_convs[: cfg.max_eval_conversations]
-        train[name], stats[name] = encode_conversations(tokenizer, train_convs, cfg.max_len, read_stats, overlong=cfg.overlong, policy=policy)
+        train[name], stats[name] = encode_conversations(
+            tokenizer, train_convs, cfg.max_len, read_stats, overlong=cfg.overlong, policy=policy
+        )
         held[name], _ = encode_conversations(tokenizer, held_convs, cfg.max_len, overlong=cfg.overlong, policy=policy)
         held_convs_by_source[name] = held_convs
         if not train[name]:
@@ -263,5 +282,6 @@ def prepare_data(cfg: DataConfig, tokenizer, seed: int, eval_prompts_file: str |
     check_split_sizes(cfg, holdout, train, held)
     weights = dict(cfg.mix) if cfg.mix is not None else None
     mix = Mix({n: len(train[n]) for n in names}, weights, seed, cfg.epoch_samples)
-    return PreparedData(train=train, eval=held, eval_conversations=held_convs_by_source, stats=stats, mix=mix, heldout_rule=holdout.describe())
-
+    return PreparedData(
+        train=train, eval=held, eval_conversations=held_convs_by_source, stats=stats, mix=mix, heldout_rule=holdout.describe()
+    )

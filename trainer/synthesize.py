@@ -37,7 +37,7 @@ from trainer.data import FORMATS, read_chatterbot, read_source
 from trainer.datagen.gen_backend import GenerationSettings, open_backend
 from trainer.datagen.synth.filters import FilterSettings
 from trainer.datagen.synth.instructions import Example, Planner, examples_of
-from trainer.datagen.synth.pipeline import SynthReport, SynthSettings, Synthesizer
+from trainer.datagen.synth.pipeline import Synthesizer, SynthReport, SynthSettings
 from trainer.datagen.synth.seeds import CATEGORIES
 from trainer.regenerate import add_engine_arguments, engine_of, generation_meta, prompt_conversations, record_id, regenerate
 from trainer.sources import Holdout, chatterbot_languages_of
@@ -48,8 +48,9 @@ def source_side(args: argparse.Namespace) -> tuple[tuple[Example, ...], list[tup
     as (key, text): all user turns of the source and of held-out categories, the split's description)."""
     cfg = DataConfig(
         sources={"source": DataSourceConfig(format=args.format, path=args.path, languages=list(args.languages))},
-        holdout_fraction=args.holdout_fraction, holdout_categories=args.holdout_categories,
-    )  # fmt: skip
+        holdout_fraction=args.holdout_fraction,
+        holdout_categories=args.holdout_categories,
+    )
     holdout = Holdout.of(cfg, args.split_seed)
     convs, _ = read_source(args.format, args.path, languages=args.languages, on_error="skip", name=f"source {args.format}")
     train, _ = holdout.split("source", convs)
@@ -66,7 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m trainer.synthesize", description=__doc__.split("\n\n")[0])
     p.add_argument("--output", required=True, type=Path, help="prompt jsonl to write (appended to; done jobs skipped)")
     p.add_argument("--n-prompts", required=True, type=int, help="prompts to keep")
-    p.add_argument("--answer", type=Path, default=None, help="then answer every kept prompt with the target into this OpenAI-messages jsonl")
+    p.add_argument(
+        "--answer", type=Path, default=None, help="then answer every kept prompt with the target into this OpenAI-messages jsonl"
+    )
     p.add_argument("--seed", type=int, default=0, help="jobs and sampling")
     p.add_argument("--temperature", type=float, default=0.9, help="prompt and follow-up writing")
     p.add_argument("--top-p", type=float, default=0.95)
@@ -80,7 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--languages", nargs="+", default=["english"], help="chatterbot languages")
     p.add_argument("--holdout-fraction", type=float, default=0.1, help="the trainer's data.holdout_fraction")
     p.add_argument("--split-seed", type=int, default=0, help="the trainer's trainer.seed (hash split)")
-    p.add_argument("--holdout-categories", nargs="+", default=None, help="the trainer's data.holdout_categories; also not used as seed categories")
+    p.add_argument(
+        "--holdout-categories", nargs="+", default=None, help="the trainer's data.holdout_categories; also not used as seed categories"
+    )
     p.add_argument("--min-chars", type=int, default=FilterSettings.min_chars)
     p.add_argument("--max-chars", type=int, default=FilterSettings.max_chars)
     p.add_argument("--min-words", type=int, default=FilterSettings.min_words)
@@ -102,10 +107,19 @@ def main(argv: Sequence[str] | None = None) -> SynthReport:
     planner = Planner(categories, pool, args.seed, args.shots, args.follow_up_fraction)
     backend = open_backend(engine)
     try:
-        meta = {"generator": str(backend.path), "engine": backend.name, "seed": args.seed, "temperature": args.temperature,
-                "top_p": args.top_p, "source": args.path or args.format, "split": split}  # fmt: skip
-        print(f"source {args.path or args.format}: {len(pool)} training prompts as examples, {len(known)} prompts to deduplicate "
-              f"against (split: {split}); {len(categories)} categories; generator {backend.path} ({backend.name}, {batch_size} a batch)")  # fmt: skip
+        meta = {
+            "generator": str(backend.path),
+            "engine": backend.name,
+            "seed": args.seed,
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "source": args.path or args.format,
+            "split": split,
+        }
+        print(
+            f"source {args.path or args.format}: {len(pool)} training prompts as examples, {len(known)} prompts to deduplicate "
+            f"against (split: {split}); {len(categories)} categories; generator {backend.path} ({backend.name}, {batch_size} a batch)"
+        )
         report = Synthesizer(backend, planner, settings, known, meta).run(args.output)
         print(report.line())
         print(json.dumps(report.as_dict()))

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from models.draft import Eagle3Draft
 from models.batch import FeatureBatch, token_positions
+from models.draft import Eagle3Draft
 from trainer.soft_ce import soft_cross_entropy
 
 
@@ -142,8 +142,17 @@ class TTTObjective(nn.Module):
     def forward(self, batch: TTTInput) -> TTTOutput:
         t, fb = batch.features.tokens, batch.features
         return ttt_unroll(
-            self.draft, t.input_ids, t.loss_mask, t.lengths, fb.aux, batch.labels, batch.draft_to_target, self.steps,
-            self.decay, self.norm_output, t.doc_ids,
+            self.draft,
+            t.input_ids,
+            t.loss_mask,
+            t.lengths,
+            fb.aux,
+            batch.labels,
+            batch.draft_to_target,
+            self.steps,
+            self.decay,
+            self.norm_output,
+            t.doc_ids,
         )
 
 

@@ -89,8 +89,9 @@ class PackedBatcher:
 
     def __post_init__(self) -> None:
         if not 1 <= self.row_tokens <= self.max_tokens or self.sort_window < 1:
-            raise ValueError(f"need 1 <= row_tokens <= max_tokens and sort_window >= 1, got "
-                             f"{self.row_tokens}, {self.max_tokens}, {self.sort_window}")  # fmt: skip
+            raise ValueError(
+                f"need 1 <= row_tokens <= max_tokens and sort_window >= 1, got {self.row_tokens}, {self.max_tokens}, {self.sort_window}"
+            )
 
     @property
     def rows(self) -> int:

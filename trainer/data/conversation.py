@@ -59,7 +59,9 @@ def _text(content: object, where: str, i: int) -> str:
     """Message content as text: a str, or OpenAI content parts that are all text."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+    ):
         return "".join(p["text"] for p in content)
     raise MalformedRecord(f"{where}: message {i} content must be a str or a list of text parts, got {content!r:.80}")
 
@@ -106,7 +108,9 @@ def parse_messages(record: object, where: str) -> Conversation:
             if reasoning is not None:
                 out["reasoning_content"] = reasoning
             weight = message.get("weight")
-            _require(weight in (None, 0, 1) and not isinstance(weight, bool), where, f"message {i}: 'weight' must be 0 or 1, got {weight!r}")
+            _require(
+                weight in (None, 0, 1) and not isinstance(weight, bool), where, f"message {i}: 'weight' must be 0 or 1, got {weight!r}"
+            )
             if weight is not None:
                 out["weight"] = weight
         conv.append(out)

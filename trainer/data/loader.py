@@ -44,8 +44,10 @@ class MixLoader:
         check_rank(rank, world)
         for name, size in zip(mix.names, mix.sizes):
             if name not in sources or len(sources[name]) != size:
-                raise ValueError(f"mix source {name!r}: the mix was built for {size} samples, the loader got "
-                                 f"{len(sources[name]) if name in sources else 'none'}")  # fmt: skip
+                raise ValueError(
+                    f"mix source {name!r}: the mix was built for {size} samples, the loader got "
+                    f"{len(sources[name]) if name in sources else 'none'}"
+                )
         self.mix, self.batcher, self.rank, self.world = mix, batcher, rank, world
         self._samples = [sources[name] for name in mix.names]
         self.epoch, self.offset = 0, 0

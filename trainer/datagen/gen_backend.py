@@ -216,12 +216,21 @@ class HFBackend:
         pad = STATIC_PAD if self.static_cache else None
         enc = self.tokenizer.pad({"input_ids": rows}, padding=True, pad_to_multiple_of=pad, return_tensors="pt")
         enc = enc.to(self.model.device)  # input_ids, attention_mask [B, L], left-padded
-        sampling = {"do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p} if settings.temperature > 0 else {"do_sample": False}
+        sampling = (
+            {"do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p}
+            if settings.temperature > 0
+            else {"do_sample": False}
+        )
         cache = {"cache_implementation": "static", "disable_compile": not self.compile} if self.static_cache else {}
         out = self.model.generate(
-            **enc, max_new_tokens=settings.max_new_tokens, eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id,
-            top_k=None, **sampling, **cache,
-        )  # [B, L + new]; fmt: skip
+            **enc,
+            max_new_tokens=settings.max_new_tokens,
+            eos_token_id=self.stop_ids,
+            pad_token_id=self.tokenizer.pad_token_id,
+            top_k=None,
+            **sampling,
+            **cache,
+        )  # [B, L + new]
         replies = []
         for row in out[: len(prompts), enc["input_ids"].shape[1] :].tolist():
             tokens, finish = cut_at_stop(row, self.stop_ids)
@@ -238,8 +247,12 @@ class HFBackend:
 def sglang_sampling(settings: GenerationSettings, stop_ids: Sequence[int], n: int) -> list[dict]:
     """Engine.generate's ``sampling_params``, one dict per prompt (SGLang's SamplingParams
     keywords; temperature 0 is greedy there too)."""
-    params = {"max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature, "top_p": settings.top_p,
-              "stop_token_ids": list(stop_ids)}  # fmt: skip
+    params = {
+        "max_new_tokens": settings.max_new_tokens,
+        "temperature": settings.temperature,
+        "top_p": settings.top_p,
+        "stop_token_ids": list(stop_ids),
+    }
     return [dict(params) for _ in range(n)]
 
 
@@ -281,14 +294,22 @@ class SGLangBackend:
         generation_config = GenerationConfig.from_pretrained(path) if (path / "generation_config.json").is_file() else None
         self.stop_ids = stop_ids_of(generation_config, tokenizer)
         self.engine = sglang.Engine(
-            model_path=str(path), skip_tokenizer_init=True, attention_backend=settings.attention_backend, sampling_backend="pytorch",
-            mem_fraction_static=settings.mem_fraction_static, random_seed=settings.seed, dtype=settings.dtype, log_level="error",
-        )  # fmt: skip
+            model_path=str(path),
+            skip_tokenizer_init=True,
+            attention_backend=settings.attention_backend,
+            sampling_backend="pytorch",
+            mem_fraction_static=settings.mem_fraction_static,
+            random_seed=settings.seed,
+            dtype=settings.dtype,
+            log_level="error",
+        )
 
     def generate(self, prompts: Sequence[Sequence[int]], settings: GenerationSettings, seed: int) -> list[Reply]:
         if not prompts:
             return []
-        outs = self.engine.generate(input_ids=[list(p) for p in prompts], sampling_params=sglang_sampling(settings, self.stop_ids, len(prompts)))
+        outs = self.engine.generate(
+            input_ids=[list(p) for p in prompts], sampling_params=sglang_sampling(settings, self.stop_ids, len(prompts))
+        )
         return [sglang_reply(o, self.tokenizer) for o in outs]
 
     def close(self) -> None:

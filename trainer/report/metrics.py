@@ -52,9 +52,13 @@ DATA_SKIPPED_OVERLONG = "data/skipped_overlong"  # samples longer than data.max_
 DATA_LEADING_TURNS_DROPPED = "data/leading_turns_dropped"  # assistant turns before the first user turn
 DATA_THINKING_TOKENS = "data/thinking_tokens"  # assistant tokens kept out of the mask as thinking
 DATA_SKIPPED = (
-    DATA_SKIPPED_MALFORMED, DATA_SKIPPED_NO_ASSISTANT, DATA_SKIPPED_DUPLICATES, DATA_SKIPPED_NO_MASKED,
-    DATA_SKIPPED_OVERLONG, DATA_LEADING_TURNS_DROPPED,
-)  # fmt: skip
+    DATA_SKIPPED_MALFORMED,
+    DATA_SKIPPED_NO_ASSISTANT,
+    DATA_SKIPPED_DUPLICATES,
+    DATA_SKIPPED_NO_MASKED,
+    DATA_SKIPPED_OVERLONG,
+    DATA_LEADING_TURNS_DROPPED,
+)
 DATA_MIX_PREFIX = "data/mix/"
 
 _DATA_FIELDS = {  # DatasetStats field -> metric name; other numeric fields become data/<field>
@@ -130,9 +134,16 @@ class MetricsSink:
         mode = os.environ.get("WANDB_MODE", cfg.mode)
         settings = wandb.Settings(quiet=not verbose())  # no run summary / history table at the end
         self.run = wandb.init(
-            project=cfg.project, entity=cfg.entity, name=cfg.name, mode=mode, dir=str(run_dir), config=config,
-            id=run_id, resume="allow" if run_id else None, settings=settings,
-        )  # fmt: skip
+            project=cfg.project,
+            entity=cfg.entity,
+            name=cfg.name,
+            mode=mode,
+            dir=str(run_dir),
+            config=config,
+            id=run_id,
+            resume="allow" if run_id else None,
+            settings=settings,
+        )
         self.path = run_dir / METRICS_FILE
         if resume_step is None:
             self.path.write_text("")

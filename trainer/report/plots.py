@@ -81,8 +81,9 @@ def _bar(ax: Axes, values: dict[str, float]) -> None:
     for bar, n in zip(bars, names):
         v = values[n]
         text = f"{v:.3g}" if 0 < abs(v) < 1 else f"{v:,.0f}"
-        ax.annotate(text, (bar.get_width(), bar.get_y() + bar.get_height() / 2), xytext=(3, 0),
-                    textcoords="offset points", va="center", fontsize=8)  # fmt: skip
+        ax.annotate(
+            text, (bar.get_width(), bar.get_y() + bar.get_height() / 2), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8
+        )
 
 
 def _present(panel: PanelSpec, log: RunLog, data: dict[str, float]) -> list[str]:

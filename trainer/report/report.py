@@ -174,17 +174,24 @@ def _acceptance_table(log: RunLog, ttt_steps: int, spec_tokens: int) -> list[str
         real = (log.last(M.cond_accept_rate(k)), log.last(M.accept_rate(k)))
         rows.append((k, fmt(untrained), fmt(trained), fmt(cumulative), *map(fmt, real)))
     header = (
-        "position k", "held-out acc_k, untrained", "held-out acc_k, trained", "P(accept >= k+1), sim.",
-        "real cond. accept rate", "real accept rate",
-    )  # fmt: skip
+        "position k",
+        "held-out acc_k, untrained",
+        "held-out acc_k, trained",
+        "P(accept >= k+1), sim.",
+        "real cond. accept rate",
+        "real accept rate",
+    )
     sim, tau = log.last(M.EVAL_SIM_ACCEPT), log.last(M.EVAL_ACCEPT_LEN)
     note = [
         "",
         f"Simulated acceptance length (sum of the P column, draft tokens only): **{fmt(sim)}**. "
-        + (f"Real acceptance length τ (tokens per target verify forward, the bonus token included, so compare "
-           f"τ - 1 = {fmt(tau - 1)} with the simulated length): **{fmt(tau)}**."
-           if tau is not None else "No real speculative-decoding eval in this run (`eval/accept_len` not logged)."),
-    ]  # fmt: skip
+        + (
+            f"Real acceptance length τ (tokens per target verify forward, the bonus token included, so compare "
+            f"τ - 1 = {fmt(tau - 1)} with the simulated length): **{fmt(tau)}**."
+            if tau is not None
+            else "No real speculative-decoding eval in this run (`eval/accept_len` not logged)."
+        ),
+    ]
     return _table(header, rows) + note
 
 

@@ -219,7 +219,4 @@ def read_run(run_dir: Path) -> RunLog:
         last_path, last = runs[-1]
         merged = _history(rows)
         return RunLog(run_dir, last_path, merged, summary or last.summary, config or last.config or None, last.finished)
-    raise ValueError(
-        f"{run_dir}: no metrics to report (looked for a non-empty {M.METRICS_FILE} and for wandb/*run-*/run-*.wandb)"
-    )
-
+    raise ValueError(f"{run_dir}: no metrics to report (looked for a non-empty {M.METRICS_FILE} and for wandb/*run-*/run-*.wandb)")

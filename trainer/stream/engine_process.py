@@ -66,21 +66,35 @@ class EngineError(RuntimeError):
 
 # What an engine's traceback shows -> its cause and the setting to change; the first match wins.
 FAILURE_CAUSES: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("Not enough memory. Please try to increase --mem-fraction-static", "Loaded weights leave no GPU memory for the KV cache"),
-     "SGLang's weights leave no room for its KV pool: raise engine.sglang.mem_fraction_static (its share of the free GPU "
-     "memory for weights + KV pool), or give the target more GPUs (engine.sglang.tp_size)"),
-    (("torch.OutOfMemoryError", "CUDA out of memory", "CUDA error: out of memory"),
-     "the engine ran out of GPU memory: lower data.max_tokens (the tokens one batch prefills; engine.slot_tokens follows it) "
-     "or, with engine=sglang, engine.sglang.mem_fraction_static (SGLang's static share: weights + KV pool)"),
-    (("Can not import FA3 in sgl_kernel",),
-     "this SGLang install has no FlashAttention-3 (sgl_kernel/flash_ops*.so): set engine.sglang.attention_backend=triton, "
-     "or null to use a backend the install carries"),
-    (("Ninja build failed", "ninja exited with status", "Error building extension", "Could not find CUDA installation",
-      "Could not find nvcc", "nvcc not found"),
-     "a JIT kernel build failed in the engine (SGLang and flashinfer compile kernels with nvcc on first use): put CUDA's "
-     "nvcc on PATH or set CUDA_HOME, or restore the kernel caches ~/.cache/tvm-ffi and ~/.cache/flashinfer (docs/SGLANG.md); "
-     "engine.sglang.attention_backend=triton avoids flashinfer's attention builds"),
-)  # fmt: skip
+    (
+        ("Not enough memory. Please try to increase --mem-fraction-static", "Loaded weights leave no GPU memory for the KV cache"),
+        "SGLang's weights leave no room for its KV pool: raise engine.sglang.mem_fraction_static (its share of the free GPU "
+        "memory for weights + KV pool), or give the target more GPUs (engine.sglang.tp_size)",
+    ),
+    (
+        ("torch.OutOfMemoryError", "CUDA out of memory", "CUDA error: out of memory"),
+        "the engine ran out of GPU memory: lower data.max_tokens (the tokens one batch prefills; engine.slot_tokens follows it) "
+        "or, with engine=sglang, engine.sglang.mem_fraction_static (SGLang's static share: weights + KV pool)",
+    ),
+    (
+        ("Can not import FA3 in sgl_kernel",),
+        "this SGLang install has no FlashAttention-3 (sgl_kernel/flash_ops*.so): set engine.sglang.attention_backend=triton, "
+        "or null to use a backend the install carries",
+    ),
+    (
+        (
+            "Ninja build failed",
+            "ninja exited with status",
+            "Error building extension",
+            "Could not find CUDA installation",
+            "Could not find nvcc",
+            "nvcc not found",
+        ),
+        "a JIT kernel build failed in the engine (SGLang and flashinfer compile kernels with nvcc on first use): put CUDA's "
+        "nvcc on PATH or set CUDA_HOME, or restore the kernel caches ~/.cache/tvm-ffi and ~/.cache/flashinfer (docs/SGLANG.md); "
+        "engine.sglang.attention_backend=triton avoids flashinfer's attention builds",
+    ),
+)
 
 
 def failure_cause(traceback: str) -> str | None:
@@ -399,7 +413,10 @@ class EngineProcess:
         self._inbox, self._outbox = ctx.Queue(), ctx.Queue()
         self._stats = EngineStats.shared_tensor()
         launch = EngineLaunch(
-            factory=factory, device=str(self.device), threads=torch.get_num_threads(), parent_pid=os.getpid(),
+            factory=factory,
+            device=str(self.device),
+            threads=torch.get_num_threads(),
+            parent_pid=os.getpid(),
             die_with_parent=threading.current_thread() is threading.main_thread(),
         )
         self._process = ctx.Process(
@@ -480,7 +497,9 @@ class EngineProcess:
                     msg = self._last_words()
                 elif deadline is not None and time.monotonic() > deadline:
                     self._shutdown()
-                    raise EngineError(f"the engine process gave no answer within {timeout_s:.0f} s while the trainer waited for {waiting_for}") from None
+                    raise EngineError(
+                        f"the engine process gave no answer within {timeout_s:.0f} s while the trainer waited for {waiting_for}"
+                    ) from None
                 else:
                     continue
             if isinstance(msg, Failed):
@@ -496,9 +515,7 @@ class EngineProcess:
             code = self._process.exitcode
             self._shutdown()
             how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-            raise EngineError(
-                f"the engine process {self._process.pid} {how} without reporting an error (killed? out of memory?)"
-            ) from None
+            raise EngineError(f"the engine process {self._process.pid} {how} without reporting an error (killed? out of memory?)") from None
 
     def stop(self) -> None:
         """Close the open stream (if any), then stop the engine process; idempotent."""

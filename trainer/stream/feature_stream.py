@@ -238,7 +238,9 @@ class TargetSource:
     def _check_same_target(self, mine, engine) -> None:
         """The engine process must capture what the trainer (and the export) assume: same aux ids, layers, width."""
         fields = ("aux_layer_ids", "num_layers", "hidden_size")
-        differ = [f"{f}: trainer {getattr(mine, f)!r}, engine {getattr(engine, f)!r}" for f in fields if getattr(mine, f) != getattr(engine, f)]
+        differ = [
+            f"{f}: trainer {getattr(mine, f)!r}, engine {getattr(engine, f)!r}" for f in fields if getattr(mine, f) != getattr(engine, f)
+        ]
         if differ:
             self.close()
             raise ValueError("the engine process built a different target than the trainer's: " + "; ".join(differ))
@@ -271,6 +273,12 @@ def open_feature_stream(
 
 
 __all__ = [
-    "ColocatedStream", "EngineError", "EngineSettings", "InProcessStream", "StreamStats", "TargetSource",
-    "feature_stream", "open_feature_stream",
+    "ColocatedStream",
+    "EngineError",
+    "EngineSettings",
+    "InProcessStream",
+    "StreamStats",
+    "TargetSource",
+    "feature_stream",
+    "open_feature_stream",
 ]

@@ -53,7 +53,8 @@ _LABEL = re.compile(r"^(?:user|person|question|message|new message|prompt|reques
 _QUOTES = ('"', "'", "\u201c", "\u201d", "`")
 _REFUSAL_START = re.compile(
     r"^(?:i'?m sorry|sorry|i apologi[sz]e|unfortunately|as an ai"
-    r"|i (?:cannot|can't|can not|am unable to|won't|am not able to) (?:help|assist|write|provide|create|generate|do that|answer|comply|fulfil)"
+    r"|i (?:cannot|can't|can not|am unable to|won't|am not able to) "
+    r"(?:help|assist|write|provide|create|generate|do that|answer|comply|fulfil)"
     r"|(?:sure|certainly|of course|okay|ok|absolutely|great)\b)",
     re.IGNORECASE,
 )
@@ -74,7 +75,12 @@ class FilterSettings:
     min_stopwords: float = 0.15  # share of words that are English function words (0: this check off)
 
     def __post_init__(self) -> None:
-        if not 0 <= self.min_chars <= self.max_chars or self.min_words < 0 or not 0 <= self.min_ascii <= 1 or not 0 <= self.min_stopwords <= 1:
+        if (
+            not 0 <= self.min_chars <= self.max_chars
+            or self.min_words < 0
+            or not 0 <= self.min_ascii <= 1
+            or not 0 <= self.min_stopwords <= 1
+        ):
             raise ValueError(f"filter settings out of range: {self}")
 
 

@@ -66,8 +66,10 @@ class Planner:
 
     def __post_init__(self) -> None:
         if not self.categories or not 0 <= self.follow_up_fraction <= 1 or self.shots < 0 or (self.shots and not self.pool):
-            raise ValueError(f"planner: need categories, 0 <= follow_up_fraction <= 1 and a few-shot pool for shots > 0; got "
-                             f"{len(self.categories)} categories, {self.follow_up_fraction}, {len(self.pool)} examples, {self.shots} shots")  # fmt: skip
+            raise ValueError(
+                f"planner: need categories, 0 <= follow_up_fraction <= 1 and a few-shot pool for shots > 0; got "
+                f"{len(self.categories)} categories, {self.follow_up_fraction}, {len(self.pool)} examples, {self.shots} shots"
+            )
 
     def job(self, index: int) -> Job:
         rng = random.Random(f"synth:{self.seed}:{index}")

@@ -69,15 +69,24 @@ class SynthReport:
         return self.kept + sum(self.dropped.values())
 
     def as_dict(self) -> dict:
-        return {"generated": self.generated, **{f"dropped_{s}": self.dropped[s] for s in (*STAGES, *DUP_STAGES)}, "kept": self.kept,
-                "follow_ups": self.follow_ups, "follow_ups_dropped": self.follow_ups_dropped, "resumed": self.resumed,
-                "new_tokens": self.new_tokens, "seconds": round(self.seconds, 1)}  # fmt: skip
+        return {
+            "generated": self.generated,
+            **{f"dropped_{s}": self.dropped[s] for s in (*STAGES, *DUP_STAGES)},
+            "kept": self.kept,
+            "follow_ups": self.follow_ups,
+            "follow_ups_dropped": self.follow_ups_dropped,
+            "resumed": self.resumed,
+            "new_tokens": self.new_tokens,
+            "seconds": round(self.seconds, 1),
+        }
 
     def line(self) -> str:
         drops = ", ".join(f"{s} {self.dropped[s]}" for s in (*STAGES, *DUP_STAGES))
-        return (f"{self.generated} prompts generated ({self.resumed} jobs done by an earlier run); dropped: {drops}; "
-                f"kept {self.kept} ({self.follow_ups} with a follow-up turn, {self.follow_ups_dropped} follow-ups dropped); "
-                f"{self.new_tokens} new tokens in {self.seconds:.1f} s ({self.tokens_per_s:.1f} tokens/s)")  # fmt: skip
+        return (
+            f"{self.generated} prompts generated ({self.resumed} jobs done by an earlier run); dropped: {drops}; "
+            f"kept {self.kept} ({self.follow_ups} with a follow-up turn, {self.follow_ups_dropped} follow-ups dropped); "
+            f"{self.new_tokens} new tokens in {self.seconds:.1f} s ({self.tokens_per_s:.1f} tokens/s)"
+        )
 
 
 def rejected_path(output: Path) -> Path:
@@ -174,8 +183,13 @@ class Synthesizer:
         start = time.perf_counter()
         output.parent.mkdir(parents=True, exist_ok=True)
         done = self.resume(output)
-        bar = tqdm(total=self.settings.n_prompts, initial=min(self.report.kept, self.settings.n_prompts), desc="synthesize",
-                   unit="prompt", disable=not progress)  # fmt: skip
+        bar = tqdm(
+            total=self.settings.n_prompts,
+            initial=min(self.report.kept, self.settings.n_prompts),
+            desc="synthesize",
+            unit="prompt",
+            disable=not progress,
+        )
         todo = (i for i in range(self.settings.job_cap) if job_id(i) not in done)
         while self.report.kept < self.settings.n_prompts:
             jobs = [self.planner.job(i) for _, i in zip(range(self.settings.writer.batch_size), todo)]
