@@ -16,15 +16,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from models.batch import FeatureBatch, TokenBatch
 
+if TYPE_CHECKING:  # models.target imports transformers; an engine process imports it only when it builds that target
+    from models.target import TargetInfo
+
 
 class FeatureEngine(Protocol):
-    info: object  # models.target.TargetInfo: hidden_size, aux_layer_ids, ...
+    info: TargetInfo  # architecture, layers, hidden size, vocab, aux layer ids
     dtype: torch.dtype  # of the features it hands out
 
     def features(self, tokens: TokenBatch) -> FeatureBatch: ...

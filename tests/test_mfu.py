@@ -26,7 +26,7 @@ def test_trainer_logs_mfu_and_stall_per_step_from_the_benchmark_count(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / M.METRICS_FILE).read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     loader = trainer.data.train_loader(train_batcher(trainer.cfg.data, trainer.target.pad_id), 0, 1)
-    config, shape = trainer.target.engine.model.config, trainer.engine.module.draft.shape
+    config, shape = trainer.target.engine.model.config, trainer.ds_model.module.draft.shape
     for row, batch in zip(rows, loader.epoch_batches(0)):  # log_every 1, grad_accum 1: a row a batch
         per_token = flops_per_token(config, shape, batch.input_ids.shape[1], trainer.cfg.draft.ttt_steps)["total"]
         assert row[M.MFU] / row[M.TOKENS_PER_S] == pytest.approx(per_token / 1e9, rel=1e-6)  # peak 1e9 FLOP/s

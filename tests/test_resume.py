@@ -49,7 +49,7 @@ def test_a_closed_trainer_is_freed(tmp_path):
 
 
 def _weights(trainer: Trainer) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in trainer.engine.module.draft.state_dict().items()}
+    return {k: v.detach().clone() for k, v in trainer.ds_model.module.draft.state_dict().items()}
 
 
 def _losses(run_dir) -> dict[int, float]:

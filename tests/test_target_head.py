@@ -165,7 +165,7 @@ def reachable(root) -> list:
 
 
 def draft_weights(trainer) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in trainer.engine.module.draft.state_dict().items()}
+    return {k: v.detach().clone() for k, v in trainer.ds_model.module.draft.state_dict().items()}
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ from trainer.sources import train_batcher
 
 
 def draft_checksum(trainer: loop.Trainer) -> float:
-    return float(sum(p.detach().double().abs().sum() for p in trainer.engine.module.draft.parameters()))
+    return float(sum(p.detach().double().abs().sum() for p in trainer.ds_model.module.draft.parameters()))
 
 
 def shard_overlap(trainer: loop.Trainer) -> int:

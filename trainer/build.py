@@ -74,7 +74,7 @@ class Built:
     vocab: VocabMap  # the map trained with: built from this run's data, or the resumed checkpoint's
     labeler: TargetLabeler
     total_steps: int
-    engine: object  # deepspeed.DeepSpeedEngine wrapping a TTTObjective
+    ds_model: object  # deepspeed.DeepSpeedEngine wrapping a TTTObjective (the draft and its loss)
     peak_tflops: float | None  # None: no perf/mfu
 
 
@@ -110,7 +110,7 @@ def build(cfg: Config, par: Parallel, ckpt_root: Path) -> Built:
         vocab=vocab,
         labeler=labeler,
         total_steps=total,
-        engine=deepspeed_engine(cfg, target, shape, vocab, total, dtype),
+        ds_model=deepspeed_model(cfg, target, shape, vocab, total, dtype),
         peak_tflops=device_peak_tflops(cfg.trainer.peak_tflops, par.device.type),
     )
 
@@ -154,7 +154,7 @@ def deepspeed_config(cfg: Config, bf16: bool) -> dict:
     }
 
 
-def deepspeed_engine(cfg: Config, target: TargetBundle, shape: DraftShape, vocab: VocabMap, total: int, dtype: torch.dtype):
+def deepspeed_model(cfg: Config, target: TargetBundle, shape: DraftShape, vocab: VocabMap, total: int, dtype: torch.dtype):
     """The draft, initialised from the target's embedding and lm_head, in its TTT objective under DeepSpeed."""
     import deepspeed
 

@@ -79,8 +79,8 @@ class Counters:
 class NonFinite:
     """A non-finite loss (every rank skips the batch) or gradient (DeepSpeed skipped the update)."""
 
-    def __init__(self, on_nan: str, ckpt_root: Path, state: Counters, engine, device: torch.device):
-        self.on_nan, self.ckpt_root, self.state, self.engine, self.device = on_nan, ckpt_root, state, engine, device
+    def __init__(self, on_nan: str, ckpt_root: Path, state: Counters, ds_model, device: torch.device):
+        self.on_nan, self.ckpt_root, self.state, self.ds_model, self.device = on_nan, ckpt_root, state, ds_model, device
 
     def finite_loss(self, out: TTTOutput) -> bool:
         """True when the loss is finite on every rank; else count it (every rank skips the batch)."""
@@ -97,7 +97,7 @@ class NonFinite:
             raise RuntimeError(f"non-finite {what} at step {self.state.step + 1} (trainer.on_nan=stop); last good checkpoint: {last}")
 
     def after_step(self, at: StepEnd) -> None:
-        grad_norm = self.engine.get_global_grad_norm()
+        grad_norm = self.ds_model.get_global_grad_norm()
         if grad_norm is not None and not math.isfinite(grad_norm):
             self.count("gradient")  # DeepSpeed has already skipped this update
 
@@ -157,7 +157,7 @@ class MetricsLog:
 
     def __init__(self, cfg: Config, built: Built, par: Parallel, state: Counters):
         self.every, self.ttt_steps, self.total = cfg.trainer.log_every, cfg.draft.ttt_steps, built.total_steps
-        self.engine, self.config, self.par, self.state = built.engine, built.target.head.config, par, state
+        self.ds_model, self.config, self.par, self.state = built.ds_model, built.target.head.config, par, state
         self.peak_tflops = built.peak_tflops
         self.window, self.sink = Window(), None
 
@@ -184,7 +184,7 @@ class MetricsLog:
         """Add one trained batch: its counts, tokens, model FLOPs (the count launch/bench_throughput.py uses), times."""
         tokens = int(fb.tokens.lengths.sum())
         self.state.tokens_local += tokens
-        shape, seq = self.engine.module.draft.shape, fb.tokens.input_ids.shape[1]
+        shape, seq = self.ds_model.module.draft.shape, fb.tokens.input_ids.shape[1]
         flops = tokens * flops_per_token(self.config, shape, seq, self.ttt_steps)["total"]
         self.window.add(StepStats.of(out), tokens, flops, target_s, draft_s)
 
@@ -210,7 +210,7 @@ class MetricsLog:
         row.update(self.progress())
         row.update(
             {
-                M.LR: self.engine.get_lr()[0],
+                M.LR: self.ds_model.get_lr()[0],
                 M.TOKENS_PER_S: packed[0].item() / wall,
                 M.STEP_TIME: wall / n,
                 M.TARGET_TIME: w.target_s / n,
@@ -221,7 +221,7 @@ class MetricsLog:
         )
         if self.peak_tflops is not None:
             row[M.MFU] = mfu(packed[1].item(), wall, self.par.world, self.peak_tflops)
-        grad_norm = self.engine.get_global_grad_norm()
+        grad_norm = self.ds_model.get_global_grad_norm()
         if grad_norm is not None and math.isfinite(grad_norm):
             row[M.GRAD_NORM] = float(grad_norm)
         if self.par.device.type == "cuda":
@@ -298,7 +298,7 @@ class Checkpointer:
 
     def resume(self, path: Path) -> None:
         """Continue from the checkpoint at ``path`` (``build`` has checked it): weights, optimizer, position, data order."""
-        self.state.pos, data_state = ckpt.load(self.built.engine, path)
+        self.state.pos, data_state = ckpt.load(self.built.ds_model, path)
         self.built.loader.load_state_dict(data_state, strict="data" not in self.cfg.trainer.resume_allow)
         self.state.step = self.state.pos.step
 
@@ -306,7 +306,7 @@ class Checkpointer:
         pos, b = self.state.pos, self.built
         data_state = b.loader.state_for(pos.epoch, pos.micro)  # what was trained, not what was read ahead
         return ckpt.save(
-            b.engine,
+            b.ds_model,
             self.root,
             pos,
             data_state,
@@ -356,7 +356,7 @@ class Validator:
         import deepspeed
 
         b, cfg, result = self.built, self.cfg, [None]
-        draft, head = b.engine.module.draft, b.target.head
+        draft, head = b.ds_model.module.draft, b.target.head
         with deepspeed.zero.GatheredParameters(list(draft.parameters()), enabled=cfg.deepspeed.zero_stage == 3):
             if self.par.is_main:
                 tqdm.write(

@@ -55,9 +55,9 @@ class Trainer:
         self.par = par or init_parallel(resolve_device(cfg.trainer.device))
         self.ckpt_root = self.run_dir / CHECKPOINTS
         b = self.built = build(cfg, self.par, self.ckpt_root)
-        self.target, self.target_source, self.data, self.loader, self.engine = b.target, b.target_source, b.data, b.loader, b.engine
+        self.target, self.target_source, self.data, self.loader, self.ds_model = b.target, b.target_source, b.data, b.loader, b.ds_model
         self.state = Counters()
-        self.nonfinite = NonFinite(cfg.trainer.on_nan, self.ckpt_root, self.state, self.engine, self.par.device)
+        self.nonfinite = NonFinite(cfg.trainer.on_nan, self.ckpt_root, self.state, self.ds_model, self.par.device)
         self.metrics = MetricsLog(cfg, b, self.par, self.state)
         self.checkpointer = Checkpointer(cfg, b, self.par, self.ckpt_root, self.state, self.signals)
         self.validator = Validator(cfg, b, self.par, self.run_dir, self.signals, self.metrics)
@@ -75,25 +75,25 @@ class Trainer:
             self.checkpointer.resume(b.resume_from)
 
     def close(self) -> None:
-        """Remove DeepSpeed's gradient hooks: autograd holds them and they reference the engine, so
+        """Remove DeepSpeed's gradient hooks: autograd holds them and they reference the DeepSpeed model, so
         without this the trainer (target, draft, optimizer) stays in memory until the process ends."""
-        self.engine.destroy()
+        self.ds_model.destroy()
 
     def train_step(self, fb: FeatureBatch) -> TTTOutput | None:
         """Forward, backward, and (at an accumulation boundary) DeepSpeed's step; None if the loss was not finite."""
-        return draft_step(self.engine, self.built.labeler, fb, keep=self.nonfinite.finite_loss)
+        return draft_step(self.ds_model, self.built.labeler, fb, keep=self.nonfinite.finite_loss)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        self.engine.eval()
+        self.ds_model.eval()
         batches, stats = eval_batches(self.cfg, self.data, self.par, self.target.pad_id), None
         bar = tqdm(total=len(batches), desc="held-out eval", unit="batch", leave=False, disable=not self.par.is_main)
         with bar, open_feature_stream(self.cfg.engine, self.target_source, batches, self.par.device) as stream:
             for fb in stream:
-                s = StepStats.of(self.engine(self.built.labeler.input_for(fb)))
+                s = StepStats.of(self.ds_model(self.built.labeler.input_for(fb)))
                 bar.update(1)
                 stats = s if stats is None else stats.add(s)
-        self.engine.train()
+        self.ds_model.train()
         return stats.all_reduce(self.par.device).report("eval")
 
     def _epoch(self, epoch: int, bar) -> bool:
