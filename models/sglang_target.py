@@ -66,14 +66,14 @@ class SGLangTarget:
         return SGLangTargetEngine.start(self, device)
 
 
-def import_sglang():
-    """The ``sglang`` module, or ImportError saying how to install the version this module drives."""
+def import_sglang(needed_by: str = "engine=sglang"):
+    """The ``sglang`` module, or ImportError saying what needs which version and how to install it."""
     try:
         import sglang
     except ImportError as err:
-        raise ImportError(f"engine=sglang needs SGLang {SGLANG_VERSION}: {INSTALL_HINT}") from err
+        raise ImportError(f"{needed_by} needs SGLang {SGLANG_VERSION}: {INSTALL_HINT}") from err
     if sglang.__version__ != SGLANG_VERSION:
-        raise ImportError(f"engine=sglang drives SGLang {SGLANG_VERSION}'s ModelRunner, found {sglang.__version__}: {INSTALL_HINT}")
+        raise ImportError(f"{needed_by} is written against SGLang {SGLANG_VERSION}'s API, found {sglang.__version__}: {INSTALL_HINT}")
     return sglang
 
 

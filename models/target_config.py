@@ -12,18 +12,24 @@ from pathlib import Path
 CONFIG_FILE = "config.json"
 
 
-def read_text_config(path: str | Path) -> tuple[str, dict]:
-    """(``architectures[0]``, the text model's config fields) of model dir ``path``; ValueError
-    naming the file when it is missing or lacks the architecture, layer count or hidden size."""
-    file = Path(path).expanduser() / CONFIG_FILE
+def read_json_object(file: Path, missing: str) -> dict:
+    """The JSON object in ``file``; ValueError ``missing`` when there is no file, else naming the file."""
     if not file.is_file():
-        raise ValueError(f"target path {str(path)!r} has no {CONFIG_FILE}: pass a local model dir")
+        raise ValueError(missing)
     try:
         config = json.loads(file.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{file}: not valid JSON ({e})") from e
     if not isinstance(config, dict):
         raise ValueError(f"{file}: must hold a JSON object")
+    return config
+
+
+def read_text_config(path: str | Path) -> tuple[str, dict]:
+    """(``architectures[0]``, the text model's config fields) of model dir ``path``; ValueError
+    naming the file when it is missing or lacks the architecture, layer count or hidden size."""
+    file = Path(path).expanduser() / CONFIG_FILE
+    config = read_json_object(file, f"target path {str(path)!r} has no {CONFIG_FILE}: pass a local model dir")
     archs = config.get("architectures") or []
     text = dict(config if "num_hidden_layers" in config else config.get("text_config", {}))
     if not archs or "num_hidden_layers" not in text or "hidden_size" not in text:

@@ -35,7 +35,6 @@ Both formats hold the same tensors under the same names (``fc``, ``midlayer.*``,
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +43,7 @@ import torch
 
 from models.aux_ids import AuxLayerIds
 from models.draft import DraftShape
+from models.target_config import read_json_object
 from serving.loaders import Replay, replay_sglang, replay_vllm
 
 FORMAT_VERSION = 2
@@ -184,15 +184,7 @@ def layer_config(shape: DraftShape, dtype: torch.dtype) -> dict:
 
 
 def read_config_file(path: Path) -> dict:
-    if not path.is_file():
-        raise ValueError(f"{path}: export has no config file")
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from e
-    if not isinstance(config, dict):
-        raise ValueError(f"{path}: config must be a JSON object")
-    return config
+    return read_json_object(path, f"{path}: export has no config file")
 
 
 def _require(config: dict, need: set[str], where: str) -> None:

@@ -33,13 +33,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from models.sglang_preflight import INSTALL_HINT as SGLANG_HINT  # noqa: E402
+from models.sglang_target import import_sglang  # noqa: E402
 from serving.prompts import stop_ids_of  # noqa: E402
 
 ENGINES = ("hf", "sglang", "auto")
 FINISHES = ("stop", "length")
 STATIC_PAD = 64  # static cache: prompts padded to a multiple of this, so compiled shapes repeat
-SGLANG_VERSION = "0.5.14"  # the Engine.generate request and result shapes this module reads
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -270,17 +269,6 @@ def sglang_reply(out: dict, tokenizer) -> Reply:
     return Reply(tokens, tokenizer.decode(tokens, skip_special_tokens=False), kind)
 
 
-def import_sglang():
-    """The ``sglang`` module at the version whose generate shapes this module reads."""
-    try:
-        import sglang
-    except ImportError as err:
-        raise ImportError(f"--engine sglang needs SGLang {SGLANG_VERSION}: {SGLANG_HINT}") from err
-    if sglang.__version__ != SGLANG_VERSION:
-        raise ImportError(f"--engine sglang reads SGLang {SGLANG_VERSION}'s generate results, found {sglang.__version__}: {SGLANG_HINT}")
-    return sglang
-
-
 class SGLangBackend:
     """SGLang's offline engine: one ``generate`` call per chunk of prompts."""
 
@@ -289,7 +277,7 @@ class SGLangBackend:
     def __init__(self, path: Path, tokenizer, settings: EngineSettings):
         from transformers import GenerationConfig
 
-        sglang = import_sglang()
+        sglang = import_sglang("--engine sglang")
         self.path, self.tokenizer = Path(path), tokenizer
         generation_config = GenerationConfig.from_pretrained(path) if (path / "generation_config.json").is_file() else None
         self.stop_ids = stop_ids_of(generation_config, tokenizer)
