@@ -79,3 +79,16 @@ def init_parallel(device: str) -> Parallel:
     else:
         dev = torch.device("cpu")
     return Parallel(rank=torch.distributed.get_rank(), world=torch.distributed.get_world_size(), local_rank=local_rank, device=dev)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the GPU's queued work (timings that must include it); nothing on a CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def shared_run_dir(run_dir: Path) -> Path:
+    """Every rank writes under rank 0's run dir (Hydra's timestamped dir may differ by rank)."""
+    box = [str(run_dir)]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return Path(box[0])

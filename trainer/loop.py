@@ -37,9 +37,8 @@ from trainer.components import (
     metrics_only,
 )
 from trainer.config import Config
-from trainer.dist import Parallel, init_parallel, resolve_device
-from trainer.report import metrics as M
-from trainer.report.report import REPORT_DIR, REPORT_FILE, format_summary, write_report
+from trainer.dist import Parallel, init_parallel, resolve_device, shared_run_dir, synchronize
+from trainer.report.report import REPORT_DIR, REPORT_FILE, format_summary, run_summary, write_report
 from trainer.stream.feature_stream import open_feature_stream
 from trainer.ttt import TTTOutput, draft_step
 
@@ -106,10 +105,10 @@ class Trainer:
                 fb = next(stream, None)
                 if fb is None:
                     return True
-                _sync(self.par.device)
+                synchronize(self.par.device)
                 t1 = time.perf_counter()
                 out = self.train_step(fb)
-                _sync(self.par.device)
+                synchronize(self.par.device)
                 consumed, state.train_s = consumed + 1, state.train_s + time.perf_counter() - t0
                 if out is None:
                     continue
@@ -160,44 +159,10 @@ class Trainer:
         self.signals.enter(SERVING_EVAL)
         served, progress = self.validator.serve_eval(), self.metrics.progress()
         trained |= metrics_only(served)
-        summary = self._summary(start, untrained, trained, served, progress)
+        summary = run_summary(self, time.perf_counter() - start, untrained, trained, served, progress)
         self.metrics.log(trained | progress, self.state.step)
         self.metrics.finish(summary)
         return summary
-
-    def _summary(self, start: float, untrained: dict | None, trained: dict, served: dict, progress: dict) -> dict:
-        b, resumed = self.built, self.built.resume_from
-        return {
-            "steps": self.state.step,
-            "stopped_by": self.state.stopped_by(self.cfg.trainer.max_steps),
-            "wall_time_s": time.perf_counter() - start,
-            "train_time_s": self.state.train_s,
-            "tokens_seen": int(progress[M.TOKENS_SEEN]),
-            "eval_prompts": b.prompt_origin,
-            "resumed_from": str(resumed) if resumed else None,
-            "untrained_eval_sim_accept_len": untrained[M.EVAL_SIM_ACCEPT] if untrained else None,
-            "eval_sim_accept_len": trained[M.EVAL_SIM_ACCEPT],
-            "eval": trained,
-            "nonfinite_skipped": self.state.nonfinite,
-            "checkpoint": str(ckpt.latest(self.ckpt_root)),
-            "export_dir": served["export_dirs"]["sglang"],
-            "serve_eval": served["serve_eval"],
-            "export_dirs": served["export_dirs"],
-            "verify": served["verify"],
-            "data": self.data.report(),
-        }
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def _shared_run_dir(run_dir: Path) -> Path:
-    """Every rank writes under rank 0's run dir (Hydra's timestamped dir may differ by rank)."""
-    box = [str(run_dir)]
-    torch.distributed.broadcast_object_list(box, src=0)
-    return Path(box[0])
 
 
 def run(cfg: Config, run_dir: Path) -> dict:
@@ -208,7 +173,7 @@ def run(cfg: Config, run_dir: Path) -> dict:
     run_dir, is_main = run_dir / cfg.trainer.output_dir, os.environ.get("RANK", "0") == "0"
     try:
         par = init_parallel(resolve_device(cfg.trainer.device))
-        run_dir, is_main = _shared_run_dir(run_dir), par.is_main
+        run_dir, is_main = shared_run_dir(run_dir), par.is_main
         run_dir.mkdir(parents=True, exist_ok=True)
         trainer = Trainer(cfg, run_dir, par, signals)
         summary = trainer.fit()
