@@ -25,6 +25,7 @@ prefix cache, and the KV pools are cleared after each batch: every batch is a fr
 
 from __future__ import annotations
 
+import sys
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +127,7 @@ class SGLangTargetEngine:
         self.device = torch.device("cuda", runner.gpu_id)
         self.dtype: torch.dtype = runner.model_config.dtype
         self._final: list[Tensor] = []
+        self._width_said = False  # the first checked batch says the width once (the engine log's proof)
         _logits_processor(runner.model).register_forward_pre_hook(self._keep_final, with_kwargs=True)
 
     @classmethod
@@ -216,6 +218,15 @@ class SGLangTargetEngine:
             r.token_to_kv_pool_allocator.clear()
         assert len(self._final) == 1, f"the logits processor ran {len(self._final)} times in one prefill"
         check_aux_width(out.hidden_states, self.info, self.version)
+        if not self._width_said:
+            n, h = len(self.info.aux_layer_ids), self.info.hidden_size
+            print(
+                f"aux width check: SGLang {self.version} {self.info.architecture} hands {n * h} values a token "
+                f"({n} aux layers x {h}), checked on every batch",
+                file=sys.stderr,
+                flush=True,
+            )
+            self._width_said = True
         return out.hidden_states, self._final.pop()
 
 
