@@ -64,7 +64,8 @@ recipe)
   python3 -m trainer.regenerate --engine sglang --prompts "$c"/train_prompts.jsonl.gz --output $r/answered.jsonl \
     --max-new-tokens 256 2>&1 | tr '\r' '\n' | grep -v "it/s\]$" | tee $r/regenerate.log | tail -3
   python3 -m trainer +experiment=h200_quality engine=sglang data.sources.openai.path=$r/answered.jsonl \
-    trainer.eval_prompts_file="$c"/heldout_sharegpt.jsonl trainer.eval_prompts=16 hydra.run.dir=$r/run 2>&1 \
+    trainer.eval_prompts_file="$c"/heldout_sharegpt.jsonl trainer.eval_prompts=16 hydra.run.dir=$r/run \
+    data.heldout_prompt_files="[$c/heldout_codeio.jsonl,$c/heldout_evals.jsonl]" 2>&1 \
     | tr '\r' '\n' | grep -v "it/s\]$" > $r/train.log; tail -30 $r/train.log
   python3 -m serving.sglang_eval $r/run/export/sglang --prompts "$c"/heldout_sharegpt.jsonl "$c"/heldout_codeio.jsonl \
     "$c"/heldout_evals.jsonl --k 6 3 --max-new-tokens 128 --json $r/tau.json 2>&1 | tee $r/tau.log | grep "tau ="
