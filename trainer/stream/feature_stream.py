@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -40,6 +40,9 @@ from models.batch import FeatureBatch, TokenBatch
 from models.engines import FeatureEngine, TargetFactory
 from trainer.stream.engine_process import Cancelled, EngineError, EngineProcess, Ready, concrete_device
 from trainer.stream.feature_ring import Slot
+
+if TYPE_CHECKING:
+    from models.target import TargetInfo
 
 MODES = ("inprocess", "colocated")
 
@@ -206,9 +209,9 @@ class TargetSource:
     engine process must have built the same one.
     """
 
-    def __init__(self, factory: TargetFactory, engine: FeatureEngine | None = None, info=None):
+    def __init__(self, factory: TargetFactory, engine: FeatureEngine | None = None, info: TargetInfo | None = None):
         self.factory, self._engine = factory, engine
-        self._info = info
+        self._info = info if info is not None or engine is None else engine.info  # None: nothing to compare with
         self._process: EngineProcess | None = None
 
     def inprocess(self, device: torch.device) -> FeatureEngine:
@@ -230,9 +233,8 @@ class TargetSource:
                 )
             return process
         self._process = EngineProcess(self.factory, device, cfg.slots, cfg.slot_tokens, cfg.start_timeout_s)
-        mine = self._info if self._info is not None else getattr(self._engine, "info", None)
-        if mine is not None:
-            self._check_same_target(mine, self._process.info)
+        if self._info is not None:
+            self._check_same_target(self._info, self._process.info)
         return self._process
 
     def _check_same_target(self, mine, engine) -> None:
