@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from tqdm import tqdm
@@ -35,6 +37,19 @@ from serving.speculative.draft_runner import DraftRunner
 from serving.speculative.target_runner import FEATURES, TargetRunner, greedy_generate
 
 
+def ratio_se(units: Sequence[tuple[float, float]]) -> float:
+    """Standard error of R = Σ num / Σ den over independent units (num, den), by the delta method:
+    sqrt(n / (n - 1) · Σ (num_i - R den_i)²) / Σ den. For τ a unit is a turn or a request: its
+    tokens per verify step summed and its verify steps. NaN with fewer than two units."""
+    units = [(n, d) for n, d in units if d > 0]
+    total = sum(d for _, d in units)
+    if len(units) < 2 or total == 0:
+        return float("nan")
+    r = sum(n for n, _ in units) / total
+    spread = sum((n - r * d) ** 2 for n, d in units)
+    return math.sqrt(len(units) / (len(units) - 1) * spread) / total
+
+
 @dataclass
 class Tally:
     """Acceptance counts over cycles, summed across turns."""
@@ -44,6 +59,7 @@ class Tally:
     accepted: list[int] = field(default_factory=list)  # per position: cycles that accepted it
     cycles: int = 0
     new_tokens: int = 0
+    per_turn: list[tuple[int, int]] = field(default_factory=list)  # per turn: (tokens per verify summed, verify steps)
 
     def __post_init__(self) -> None:
         self.reached, self.accepted = [0] * self.k, [0] * self.k
@@ -53,8 +69,14 @@ class Tally:
         """Tokens per verify forward so far (1.0 before the first cycle)."""
         return (self.cycles + sum(self.accepted)) / max(self.cycles, 1)
 
+    @property
+    def tau_se(self) -> float:
+        """Standard error of τ over turns (a ratio of sums; see ``ratio_se``)."""
+        return ratio_se(self.per_turn)
+
     def add(self, gen: Generation) -> None:
         self.new_tokens += len(gen.tokens)
+        self.per_turn.append((len(gen.accepted) + sum(min(a, self.k) for a in gen.accepted), len(gen.accepted)))
         for a in gen.accepted:
             self.cycles += 1
             for i in range(min(a + 1, self.k)):
@@ -68,6 +90,7 @@ class EvalResult:
     k: int
     feature: str
     accept_len: float  # τ
+    accept_len_se: float  # its standard error over turns
     accept_rate: list[float]  # [k]
     cond_accept_rate: list[float]  # [k]
     cycles: int
@@ -83,10 +106,15 @@ class EvalResult:
         cycles = max(tally.cycles, 1)
         rate = [a / cycles for a in tally.accepted]
         cond = [a / r if r else 0.0 for a, r in zip(tally.accepted, tally.reached)]
-        return cls(tally.k, feature, tally.tau, rate, cond, tally.cycles, tally.new_tokens, turns, fc_skipped, checked, mismatches, wall)
+        counts = (tally.cycles, tally.new_tokens, turns, fc_skipped, checked, mismatches, wall)
+        return cls(tally.k, feature, tally.tau, tally.tau_se, rate, cond, *counts)
 
     def metrics(self, prefix: str = "eval") -> dict[str, float]:
-        out = {f"{prefix}/accept_len": self.accept_len, f"{prefix}/spec_cycles": float(self.cycles)}
+        out = {
+            f"{prefix}/accept_len": self.accept_len,
+            f"{prefix}/accept_len_se": self.accept_len_se,
+            f"{prefix}/spec_cycles": float(self.cycles),
+        }
         for i, (r, c) in enumerate(zip(self.accept_rate, self.cond_accept_rate)):
             out[f"{prefix}/accept_rate_{i}"] = r
             out[f"{prefix}/cond_accept_rate_{i}"] = c
@@ -94,8 +122,9 @@ class EvalResult:
 
     def summary(self) -> str:
         lines = [
-            f"accept length tau = {self.accept_len:.3f} tokens per target forward (k = {self.k}, {self.cycles} verify "
-            f"steps, {self.new_tokens} tokens, {self.turns} turns, {self.wall_s:.1f} s, features: {self.feature})",
+            f"accept length tau = {self.accept_len:.3f} ± {self.accept_len_se:.3f} tokens per target forward "
+            f"(k = {self.k}, {self.cycles} verify steps, {self.new_tokens} tokens, {self.turns} turns, {self.wall_s:.1f} s, "
+            f"features: {self.feature})",
             "position  accept_rate  cond_accept_rate",
         ]
         lines += [f"{i + 1:>8}  {r:>11.3f}  {c:>16.3f}" for i, (r, c) in enumerate(zip(self.accept_rate, self.cond_accept_rate))]

@@ -24,6 +24,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from serving.eval import ratio_se
 from serving.prompts import Message, PromptSpec, read_prompt_file, render
 
 
@@ -31,6 +32,7 @@ from serving.prompts import Message, PromptSpec, read_prompt_file, render
 class SpecResult:
     k: int
     accept_len: float  # τ
+    accept_len_se: float  # its standard error over requests
     accept_rate: list[float]  # [k]
     verify_steps: int
     new_tokens: int
@@ -40,30 +42,36 @@ class SpecResult:
     def summary(self) -> str:
         rates = " / ".join(f"{r:.3f}" for r in self.accept_rate)
         return (
-            f"k = {self.k}: tau = {self.accept_len:.3f} ({self.verify_steps} verify steps, {self.new_tokens} tokens, "
+            f"k = {self.k}: tau = {self.accept_len:.3f} ± {self.accept_len_se:.3f} "
+            f"({self.verify_steps} verify steps, {self.new_tokens} tokens, "
             f"{self.turns} turns, {self.wall_s:.1f} s); accept rate per position {rates}"
         )
 
 
-def tally(metas: list[dict], k: int) -> tuple[int, int, list[int]]:
-    """(verify steps, completion tokens, histogram of accepted drafts [k + 1]) summed over requests."""
-    steps, tokens, hist = 0, 0, [0] * (k + 1)
+def tally(metas: list[dict], k: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """Per request (completion tokens, verify steps), and the histogram of accepted drafts [k + 1]
+    summed over requests. A request that ended on its first token (the prefill's) had no verify
+    step, and SGLang reports no speculative fields for it: it counts (1, 0)."""
+    units, hist = [], [0] * (k + 1)
     for meta in metas:
         if "spec_verify_ct" not in meta:
-            raise ValueError(f"SGLang reported no speculative decoding for a request (meta_info keys: {sorted(meta)})")
-        steps += meta["spec_verify_ct"]
-        tokens += meta["completion_tokens"]
+            if meta["completion_tokens"] > 1:
+                raise ValueError(f"SGLang reported no speculative decoding for a request (meta_info keys: {sorted(meta)})")
+            units.append((meta["completion_tokens"], 0))
+            continue
+        units.append((meta["completion_tokens"], meta["spec_verify_ct"]))
         for accepted, count in enumerate(meta.get("spec_correct_drafts_histogram") or []):
             hist[accepted] += count
-    return steps, tokens, hist
+    return units, hist
 
 
 def result_of(metas: list[dict], k: int, turns: int, wall: float) -> SpecResult:
-    steps, tokens, hist = tally(metas, k)
+    units, hist = tally(metas, k)
+    steps, tokens = sum(d for _, d in units), sum(n for n, _ in units)
     if steps == 0:
         raise ValueError("no verify step was recorded: nothing was decoded")
     rate = [sum(hist[i + 1 :]) / steps for i in range(k)]
-    return SpecResult(k, tokens / steps, rate, steps, tokens, turns, wall)
+    return SpecResult(k, tokens / steps, ratio_se(units), rate, steps, tokens, turns, wall)
 
 
 def decode_all(engine, tokenizer, prompts: list[PromptSpec], sampling: dict) -> tuple[list[dict], int]:

@@ -8,6 +8,7 @@ miswired server feeds it the final hidden state, with the same weights.
 """
 
 import json
+import math
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from models.draft import DraftShape, Eagle3Draft, draft_shape_for
 from models.embedded import embedded_target_dir
 from models.target import HFTargetEngine, load_tokenizer
 from models.vocab_map import build_vocab_map, count_tokens
-from serving.eval import evaluate_export
+from serving.eval import Tally, evaluate_export, ratio_se
 from serving.eval import main as eval_main
 from serving.export import export_both, load_export
 from serving.formats import ExportSpec, read_export_config
@@ -32,7 +33,7 @@ from serving.prompts import (
     stop_ids_of,
     write_prompt_file,
 )
-from serving.speculative.decode import speculative_generate
+from serving.speculative.decode import Generation, speculative_generate
 from serving.speculative.draft_runner import DraftRunner
 from serving.speculative.target_runner import TargetRunner, greedy_generate
 from serving.verify import verify_export
@@ -316,3 +317,14 @@ def test_export_verify_eval_for_the_training_loop(target, fitted_draft, tmp_path
         and "eval/accept_len" not in unevaluated
         and unevaluated["verify"]["sglang"].startswith("OK")
     )
+
+
+def test_tau_standard_error_over_turns_equals_the_delta_method():
+    tally = Tally(3)
+    for accepted in ([3, 3], [0, 0, 0, 1], [2]):  # per turn: τ 4.0, 1.25, 3.0
+        tally.add(Generation(tokens=[0] * (len(accepted) + sum(accepted)), accepted=accepted))
+    units = [(8, 2), (5, 4), (3, 1)]
+    r = 16 / 7
+    by_hand = math.sqrt(3 / 2 * sum((n - r * d) ** 2 for n, d in units)) / 7
+    assert tally.tau == pytest.approx(r) and tally.tau_se == pytest.approx(by_hand)
+    assert ratio_se([(2, 1), (2, 1), (2, 1)]) == 0.0 and math.isnan(ratio_se([(2, 1)]))

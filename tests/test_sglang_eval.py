@@ -26,6 +26,17 @@ def test_a_request_without_speculative_counters_is_an_error():
         result_of([{"completion_tokens": 5}], k=3, turns=1, wall=0.0)
 
 
+def test_a_request_that_ended_on_its_prefill_token_adds_a_token_and_no_verify_step():
+    r = result_of([meta(4, 11, [1, 1, 0, 2]), {"completion_tokens": 1}], k=3, turns=2, wall=1.0)
+    assert (r.verify_steps, r.new_tokens) == (4, 12)
+
+
+def test_the_standard_error_is_the_delta_method_one_over_requests():
+    # per-request tau 3 and 1 over one verify step each: the SE of the mean of (3, 1) is 1
+    r = result_of([meta(1, 3, [0, 0, 1]), meta(1, 1, [1])], k=2, turns=2, wall=1.0)
+    assert r.accept_len == pytest.approx(2.0) and r.accept_len_se == pytest.approx(1.0)
+
+
 class EchoEngine:
     """Answers each prompt with its own length as one token id; records the calls."""
 
