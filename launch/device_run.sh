@@ -9,6 +9,8 @@
 #   launch/device_run.sh collect                    # job states + results (/tmp/res) into $OUT
 #   launch/device_run.sh recipe CORPORA_DIR         # the H200 quality recipe: SGLang generation, training, tau
 #   launch/device_run.sh baseline CORPORA_DIR       # the embedded default recipe, tau on the same held-out files
+#   launch/device_run.sh study CORPORA_DIR          # data size x LR regime on the recipe's answers (waits for them)
+#   launch/device_run.sh benches                    # generation speeds; trainer memory and the draft-step profile at 8B shapes
 #
 # Wheels: deepspeed (built with `pip wheel --no-deps deepspeed==0.19.8`), hydra-core,
 # omegaconf, antlr4-python3-runtime, wandb and its needs, chatterbot-corpus. SGLang's set
@@ -53,22 +55,30 @@ collect)
     echo "== $name: $state"; tr '\r' '\n' < "$log" | grep -v "it/s\]$" | tail -n "${TAIL:-6}"
   done
   nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader || true
-  (cd /tmp/res && tar czf "$OUT/res.tgz" --exclude='*.jsonl.gz' --exclude='answered*.jsonl' --exclude='checkpoints' \
-     --exclude='*.safetensors' --exclude='wandb' --exclude='*.pt' .)
+  (cd /tmp/res && tar czf "$OUT/res.tgz" --exclude='study/data' --exclude='*.jsonl.gz' --exclude='answered*.jsonl' --exclude='checkpoints' \
+     --exclude='*.safetensors' --exclude='wandb' --exclude='*.pt' .) || true
   ls -la "$OUT"
   ;;
 recipe)
-  # the target answers the training prompts (SGLang), the draft trains online for 540 s (engine=sglang),
-  # then SGLang serves the export and reports tau on each held-out file (6- and 3-token chains)
+  # the target answers the training prompts (SGLang), the draft trains online for 540 s (engine=sglang; the
+  # transformers engine if that run fails), then SGLang serves the export: tau on each held-out file (k = 6 and 3)
   c=$2 r=/tmp/res/recipe; mkdir -p $r
-  python3 -m trainer.regenerate --engine sglang --prompts "$c"/train_prompts.jsonl.gz --output $r/answered.jsonl \
-    --max-new-tokens 256 2>&1 | tr '\r' '\n' | grep -v "it/s\]$" | tee $r/regenerate.log | tail -3
-  python3 -m trainer +experiment=h200_quality engine=sglang data.sources.openai.path=$r/answered.jsonl \
-    trainer.eval_prompts_file="$c"/heldout_sharegpt.jsonl trainer.eval_prompts=16 hydra.run.dir=$r/run \
-    data.heldout_prompt_files="[$c/heldout_codeio.jsonl,$c/heldout_evals.jsonl]" 2>&1 \
-    | tr '\r' '\n' | grep -v "it/s\]$" > $r/train.log; tail -30 $r/train.log
-  python3 -m serving.sglang_eval $r/run/export/sglang --prompts "$c"/heldout_sharegpt.jsonl "$c"/heldout_codeio.jsonl \
-    "$c"/heldout_evals.jsonl --k 6 3 --max-new-tokens 128 --json $r/tau.json 2>&1 | tee $r/tau.log | grep "tau ="
+  phase() { local rc=0; echo "$1 start $(date +%s)" >> $r/times.txt; shift; "$@" || rc=$?; echo "end $(date +%s) exit $rc" >> $r/times.txt; }
+  clean() { tr '\r' '\n' | grep -v "it/s\]$" || true; }
+  phase regenerate python3 -m trainer.regenerate --engine sglang --prompts "$c"/train_prompts.jsonl.gz \
+    --output $r/answered.jsonl --max-new-tokens 256 2>&1 | clean > $r/regenerate.log
+  tail -3 $r/regenerate.log; touch $r/answered.done
+  train=(python3 -m trainer +experiment=h200_quality data.sources.openai.path=$r/answered.jsonl
+    trainer.eval_prompts_file="$c"/heldout_sharegpt.jsonl trainer.eval_prompts=16
+    "data.heldout_prompt_files=[$c/heldout_codeio.jsonl,$c/heldout_evals.jsonl]")
+  run=$r/run; phase train "${train[@]}" engine=sglang hydra.run.dir=$run 2>&1 | clean > $r/train.log
+  if [ ! -f $run/export/sglang/config.json ]; then
+    run=$r/run_hf; phase train_hf "${train[@]}" hydra.run.dir=$run 2>&1 | clean > $r/train_hf.log
+  fi
+  tail -25 $r/train*.log
+  phase tau python3 -m serving.sglang_eval $run/export/sglang --prompts "$c"/heldout_sharegpt.jsonl "$c"/heldout_codeio.jsonl \
+    "$c"/heldout_evals.jsonl --k 6 3 --max-new-tokens 128 --json $r/tau.json > $r/tau.log 2>&1
+  grep "tau =" $r/tau.log || tail -20 $r/tau.log
   ;;
 baseline)
   c=$2 r=/tmp/res/baseline; mkdir -p $r
@@ -77,5 +87,5 @@ baseline)
     "$c"/heldout_evals.jsonl --k 6 3 --max-new-tokens 128 --json $r/tau.json 2>&1 | tee $r/tau.log | grep "tau ="
   ;;
 *)
-  echo "usage: $0 setup-sglang|setup-deps|setup-gguf|bg|collect|recipe|baseline ..." >&2; exit 2 ;;
+  echo "usage: $0 setup-sglang|setup-deps|setup-gguf|bg|collect|recipe|baseline|study|benches ..." >&2; exit 2 ;;
 esac

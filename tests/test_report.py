@@ -192,6 +192,8 @@ def test_format_summary_lists_figures_and_paths():
     ):
         assert fragment in text, fragment
     assert "n/a (resumed)" in format_summary(SUMMARY | {"untrained_eval_sim_accept_len": None})
+    served = SUMMARY["eval"] | {"eval/accept_len": 2.5, "eval/accept_len_se": 0.125}
+    assert "τ (bonus incl.)  2.500 ± 0.125" in format_summary(SUMMARY | {"eval": served})
     piped = format_summary(
         SUMMARY
         | {"export_dirs": {"sglang": "/runs/a/export", "vllm": "/runs/a/export_vllm"}, "verify": {"sglang": "OK  ...", "vllm": "OK  ..."}}

@@ -55,6 +55,13 @@ def _accept(summary: dict) -> str | None:
     return f"{before} -> {fmt(trained)}  (untrained -> trained)"
 
 
+def _tau(evals: dict) -> str | None:
+    tau, se = evals.get(M.EVAL_ACCEPT_LEN), evals.get(M.EVAL_ACCEPT_LEN_SE)
+    if tau is None:
+        return None
+    return fmt(tau) if se is None or not math.isfinite(se) else f"{fmt(tau)} ± {fmt(se)}"
+
+
 def key_figures(summary: dict) -> list[tuple[str, str]]:
     """The figures of a ``summary.json`` worth a glance; keys the summary lacks are left out."""
     evals = summary.get("eval") or {}
@@ -62,7 +69,7 @@ def key_figures(summary: dict) -> list[tuple[str, str]]:
         ("optimizer steps", summary.get("steps")),
         ("wall time", None if summary.get("wall_time_s") is None else f"{summary['wall_time_s']:.1f} s"),
         ("held-out sim. accept length", _accept(summary)),
-        ("real accept length τ (bonus incl.)", evals.get(M.EVAL_ACCEPT_LEN)),
+        ("real accept length τ (bonus incl.)", _tau(evals)),
         ("serving-eval prompts", None if summary.get("eval_prompts") is None else describe_eval_prompts(summary["eval_prompts"])),
         ("export verify problems", None if evals.get(M.EVAL_VERIFY_PROBLEMS) is None else int(evals[M.EVAL_VERIFY_PROBLEMS])),
         ("held-out acc_0", evals.get(M.step_acc(0, "eval"))),
