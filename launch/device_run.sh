@@ -10,7 +10,8 @@
 #   launch/device_run.sh recipe CORPORA_DIR         # the H200 quality recipe: SGLang generation, training, tau
 #   launch/device_run.sh baseline CORPORA_DIR       # the embedded default recipe, tau on the same held-out files
 #   launch/device_run.sh study CORPORA_DIR          # data size x LR regime on the recipe's answers (waits for them)
-#   launch/device_run.sh benches                    # generation speeds; trainer memory and the draft-step profile at 8B shapes
+#   launch/device_run.sh genbench                   # generation speeds (transformers batches, SGLang)
+#   launch/device_run.sh perfbench                  # trainer memory and the draft-step profile at 8B shapes; static cache
 #
 # Wheels: deepspeed (built with `pip wheel --no-deps deepspeed==0.19.8`), hydra-core,
 # omegaconf, antlr4-python3-runtime, wandb and its needs, chatterbot-corpus. SGLang's set
@@ -86,6 +87,30 @@ baseline)
   python3 -m serving.sglang_eval $r/run/export/sglang --prompts "$c"/heldout_sharegpt.jsonl "$c"/heldout_codeio.jsonl \
     "$c"/heldout_evals.jsonl --k 6 3 --max-new-tokens 128 --json $r/tau.json 2>&1 | tee $r/tau.log | grep "tau ="
   ;;
+study)
+  # base: the first 1000 answered prompts; sizes 1x, 4x, 16x and all of them; the h200_quality recipe's data settings
+  c=$2 r=/tmp/res/study a=/tmp/res/recipe/answered.jsonl; mkdir -p $r/data
+  while [ ! -f /tmp/res/recipe/answered.done ]; do sleep 5; done
+  head -n 1000 $a > $r/data/base.jsonl; tail -n +1001 $a > $r/data/more.jsonl
+  all=$(( $(wc -l < $a) / 1000 ))
+  python3 launch/study.py --out $r --base-file $r/data/base.jsonl --synthetic $r/data/more.jsonl --sizes 1 4 16 $all \
+    --max-steps "${STUDY_STEPS:-200}" --parallel "${STUDY_PARALLEL:-4}" -- draft.vocab_size=32000 schedule.lr=5e-4 \
+    data.max_len=2048 data.max_tokens=16384 data.holdout_fraction=0.01 trainer.spec_tokens=6 trainer.log_every=50 \
+    trainer.eval_prompts=64 trainer.eval_max_new_tokens=128 trainer.eval_prompts_file="$c"/heldout_sharegpt.jsonl \
+    "data.heldout_prompt_files=[$c/heldout_codeio.jsonl,$c/heldout_evals.jsonl]"
+  ;;
+genbench)
+  r=/tmp/res/benches; mkdir -p $r
+  python3 launch/bench_generate.py --variants hf-b16 hf-b256 hf-b1024 sglang --out $r/generate.json 2>&1 | tr '\r' '\n' \
+    | grep -v "it/s\]$" > $r/generate.log; tail -8 $r/generate.log
+  ;;
+perfbench)
+  r=/tmp/res/benches; mkdir -p $r
+  python3 launch/bench_trainer_memory.py --device cuda --tmp /tmp --out $r/memory.json > $r/memory.log 2>&1; tail -6 $r/memory.log
+  python3 launch/bench_throughput.py --profile --out $r/profile.json > $r/profile.log 2>&1; tail -30 $r/profile.log
+  python3 launch/bench_generate.py --variants hf-b256-static-compile --out $r/generate_static.json 2>&1 | tr '\r' '\n' \
+    | grep -v "it/s\]$" > $r/generate_static.log; tail -4 $r/generate_static.log
+  ;;
 *)
-  echo "usage: $0 setup-sglang|setup-deps|setup-gguf|bg|collect|recipe|baseline|study|benches ..." >&2; exit 2 ;;
+  echo "usage: $0 setup-sglang|setup-deps|setup-gguf|bg|collect|recipe|baseline|study|genbench|perfbench ..." >&2; exit 2 ;;
 esac
