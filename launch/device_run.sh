@@ -11,6 +11,8 @@
 #   launch/device_run.sh baseline CORPORA_DIR       # the embedded default recipe, tau on the same held-out files
 #   launch/device_run.sh study CORPORA_DIR          # data size x LR regime on the recipe's answers (waits for them)
 #   launch/device_run.sh genbench                   # generation speeds (transformers batches, SGLang)
+#   launch/device_run.sh gputests                   # the whole gpu marker (two GPUs for the tensor-parallel tests)
+#   launch/device_run.sh dp CORPORA_DIR             # one GPU vs two data-parallel ranks (losses, tokens/s); SGLang tp_size 2
 #   launch/device_run.sh perfbench                  # trainer memory and the draft-step profile at 8B shapes; static cache
 #
 # Wheels: deepspeed (built with `pip wheel --no-deps deepspeed==0.19.8`), hydra-core,
@@ -111,6 +113,46 @@ perfbench)
   python3 launch/bench_generate.py --variants hf-b256-static-compile --out $r/generate_static.json 2>&1 | tr '\r' '\n' \
     | grep -v "it/s\]$" > $r/generate_static.log; tail -4 $r/generate_static.log
   ;;
+gputests)
+  r=/tmp/res/gputests; mkdir -p $r
+  python3 -m pytest -m gpu -p no:cacheprovider tests -rA -q > $r/gpu_tests.log 2>&1; tail -15 $r/gpu_tests.log
+  ;;
+dp)
+  # one GPU with grad_accum 2 against two data-parallel ranks (the same global batch), per engine; then SGLang
+  # with tp_size 2 feeding both ranks. On the recipe's answered prompts, the h200_quality shapes.
+  c=$2 r=/tmp/res/dp; mkdir -p $r
+  ds=(python3 -c "import sys; from deepspeed.launcher.runner import main; sys.exit(main())" --num_gpus 2 --no_local_rank)
+  common=(+experiment=h200_quality data.sources.openai.path=/tmp/res/recipe/answered.jsonl trainer.max_steps=${DP_STEPS:-30}
+    trainer.log_every=1 trainer.serve_eval=false trainer.eval_batches=1 trainer.eval_prompts_file="$c"/heldout_sharegpt.jsonl
+    "data.heldout_prompt_files=[$c/heldout_codeio.jsonl,$c/heldout_evals.jsonl]")
+  for eng in sglang colocated; do
+    e=(engine=sglang); [ $eng = sglang ] || e=(engine.mode=colocated)
+    CUDA_VISIBLE_DEVICES=0 python3 -m trainer "${common[@]}" "${e[@]}" deepspeed.grad_accum=2 hydra.run.dir=$r/$eng-one > $r/$eng-one.log 2>&1
+    "${ds[@]}" launch/train.py "${common[@]}" "${e[@]}" hydra.run.dir=$r/$eng-two > $r/$eng-two.log 2>&1
+  done
+  "${ds[@]}" launch/train.py "${common[@]}" engine=sglang engine.sglang.tp_size=2 hydra.run.dir=$r/sglang-tp2 > $r/sglang-tp2.log 2>&1
+  python3 - $r <<'PY'
+import json, statistics, sys
+from pathlib import Path
+r = Path(sys.argv[1])
+def rows(name):
+    path = r / name / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+out = {}
+for name in ("sglang-one", "sglang-two", "colocated-one", "colocated-two", "sglang-tp2"):
+    rs = [x for x in rows(name) if "train/loss" in x]
+    tps = [x["perf/tokens_per_s"] for x in rs[5:] if "perf/tokens_per_s" in x]  # past the warm-up
+    out[name] = {"steps": len(rs), "loss": [x["train/loss"] for x in rs], "tokens_per_s": statistics.median(tps) if tps else None,
+                 "stall_share": statistics.median([x.get("perf/stall_share", 0) for x in rs[5:]]) if rs[5:] else None}
+for eng in ("sglang", "colocated"):
+    one, two = out[f"{eng}-one"], out[f"{eng}-two"]
+    if one["loss"] and two["loss"]:
+        rel = [abs(a - b) / abs(a) for a, b in zip(one["loss"], two["loss"])]
+        out[f"{eng}-compare"] = {"speedup": two["tokens_per_s"] / one["tokens_per_s"], "rel_loss_diff_first": rel[0], "rel_loss_diff_max": max(rel)}
+(r / "dp.json").write_text(json.dumps(out, indent=2) + "\n")
+print(json.dumps({k: v for k, v in out.items() if k.endswith("compare")}, indent=2))
+PY
+  ;;
 *)
-  echo "usage: $0 setup-sglang|setup-deps|setup-gguf|bg|collect|recipe|baseline|study|genbench|perfbench ..." >&2; exit 2 ;;
+  echo "usage: $0 setup-sglang|setup-deps|setup-gguf|bg|collect|recipe|baseline|study|genbench|perfbench|gputests|dp ..." >&2; exit 2 ;;
 esac
