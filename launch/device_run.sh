@@ -6,7 +6,7 @@
 #   launch/device_run.sh setup-deps DEPS_WHEELS_DIR GGUF_PART_DIR         # project deps; first part(s) of the GGUF
 #   launch/device_run.sh setup-gguf GGUF_PART_DIR                          # last part(s); joins and checks the GGUF
 #   launch/device_run.sh bg NAME GPU COMMAND...     # COMMAND on one GPU in the background (survives the call)
-#   launch/device_run.sh collect                    # job states + results (/tmp/res) into $OUT
+#   launch/device_run.sh collect                    # job states + results (/tmp/res) into $OUT (JIT=1: + the JIT cache)
 #   launch/device_run.sh recipe CORPORA_DIR         # the H200 quality recipe: SGLang generation, training, tau
 #   launch/device_run.sh baseline CORPORA_DIR       # the embedded default recipe, tau on the same held-out files
 #   launch/device_run.sh study CORPORA_DIR          # data size x LR regime on the recipe's answers (waits for them)
@@ -60,6 +60,7 @@ collect)
   nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader || true
   (cd /tmp/res && tar czf "$OUT/res.tgz" --exclude='study/data' --exclude='*.jsonl.gz' --exclude='answered*.jsonl' --exclude='checkpoints' \
      --exclude='*.safetensors' --exclude='wandb' --exclude='*.pt' .) || true
+  [ -z "${JIT:-}" ] || tar czf "$OUT/jitcache.tgz" -C ~ .cache/tvm-ffi .cache/flashinfer || true
   ls -la "$OUT"
   ;;
 recipe)
