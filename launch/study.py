@@ -34,8 +34,9 @@ data.max_tokens=1024``); the ``openai`` group of ``--base-file`` does not, so pa
 
 **Output** (``--out``): ``points/<name>.json`` as each run finishes (a rerun skips the points
 already there, so a killed study resumes), ``runs/<name>/`` (the run dirs), ``logs/``, and at
-the end ``study.json``, ``study.md`` (the table) and ``study.png`` (real acceptance length
-τ against training time and against tokens seen, one line per size x regime).
+the end ``study.json``, ``study.md`` (the table; τ ± its standard error over the eval turns)
+and ``study.png`` (real acceptance length τ against training time and against tokens seen,
+one line per size x regime, a bar of one standard error on each τ).
 """
 
 from __future__ import annotations
@@ -191,10 +192,16 @@ def collect(point: Point, run_dir: Path, seconds: float) -> dict:
     trained = [r for r in rows if M.step_acc(0) in r]
     ttt = sum(1 for key in trained[-1] if key.startswith("train/acc_")) if trained else 0
     curve = [
-        {"step": r["step"], "train_time_s": r[M.TRAIN_TIME], "tokens_seen": r[M.TOKENS_SEEN], "accept_len": r[M.EVAL_ACCEPT_LEN]}
+        {
+            "step": r["step"],
+            "train_time_s": r[M.TRAIN_TIME],
+            "tokens_seen": r[M.TOKENS_SEEN],
+            "accept_len": r[M.EVAL_ACCEPT_LEN],
+            "accept_len_se": r.get(M.EVAL_ACCEPT_LEN_SE),
+        }
         for r in rows
         if M.EVAL_ACCEPT_LEN in r and M.TRAIN_TIME in r
-    ]
+    ]  # the last entry is the final eval, the one in summary.json
     return {
         "name": point.name,
         "size": point.size,
@@ -209,6 +216,7 @@ def collect(point: Point, run_dir: Path, seconds: float) -> dict:
         "fit_wall_s": summary["wall_time_s"],
         "process_wall_s": seconds,
         "accept_len": evals[M.EVAL_ACCEPT_LEN],
+        "accept_len_se": evals.get(M.EVAL_ACCEPT_LEN_SE),  # None (here and in the curve) in a run from before the trainer reported it
         "accept_rate": [evals[M.accept_rate(i)] for i in range(k)],
         "cond_accept_rate": [evals[M.cond_accept_rate(i)] for i in range(k)],
         "train_acc": [trained[-1][M.step_acc(i)] for i in range(ttt)] if trained else [],
@@ -249,6 +257,12 @@ def run_point(point: Point, out: Path) -> dict:
 # --------------------------------------------------------------------------- outputs
 
 
+def tau_cell(r: dict) -> str:
+    """τ with its standard error, or τ alone when the run did not report one."""
+    se = r.get("accept_len_se")
+    return f"{r['accept_len']:.3f}" if se is None else f"{r['accept_len']:.3f} ± {se:.3f}"
+
+
 def table(results: Sequence[dict]) -> str:
     header = (
         "point",
@@ -258,7 +272,7 @@ def table(results: Sequence[dict]) -> str:
         "tokens seen",
         "train s",
         "wall s",
-        "τ",
+        "τ ± SE",
         "accept rate per position",
         "train acc per position",
         "held-out sim. accept len",
@@ -277,7 +291,7 @@ def table(results: Sequence[dict]) -> str:
             f"{r['tokens_seen']:,}",
             f"{r['train_time_s']:.0f}",
             f"{r['process_wall_s']:.0f}",
-            f"{r['accept_len']:.3f}",
+            tau_cell(r),
             " / ".join(f"{a:.3f}" for a in r["accept_rate"]),
             " / ".join(f"{a:.3f}" for a in r["train_acc"]),
             f"{r['eval_sim_accept_len']:.3f}",
@@ -304,6 +318,15 @@ def plot(results: Sequence[dict], path: Path) -> None:
         style = ("-", "--", ":", "-.")[regimes.index(r["regime"]) % 4]
         for ax, x in zip(axes, ("train_time_s", "tokens_seen")):
             ax.plot([c[x] for c in r["curve"]], [c["accept_len"] for c in r["curve"]], style, marker="o", color=color, label=r["name"])
+            bars = [c for c in r["curve"] if c.get("accept_len_se") is not None]
+            ax.errorbar(
+                [c[x] for c in bars],
+                [c["accept_len"] for c in bars],
+                [c["accept_len_se"] for c in bars],
+                fmt="none",
+                ecolor=color,
+                capsize=3,
+            )
     for ax, label in zip(axes, ("training time (s)", "tokens seen")):
         ax.set_xlabel(label)
         ax.set_ylabel("acceptance length τ (real spec. decoding)")
@@ -343,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             continue
         print(f"{point.name}: {point.base} base + {point.synthetic} synthetic conversations, training ...", flush=True)
         results.append(run_point(point, args.out))
-        print(f"{point.name}: " + (results[-1].get("error") or f"τ = {results[-1]['accept_len']:.3f}"), flush=True)
+        print(f"{point.name}: " + (results[-1].get("error") or f"τ = {tau_cell(results[-1])}"), flush=True)
     (args.out / "study.json").write_text(json.dumps({"grid": asdict(grid), "points": results}, indent=2) + "\n")
     (args.out / "study.md").write_text(table(results))
     plot(results, args.out / "study.png")

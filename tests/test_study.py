@@ -80,6 +80,19 @@ def test_grid_file_flags_and_budget(tmp_path):
     assert "| 4x-b | failed: exit 1 |" in study.table([failed])
 
 
+def test_tau_cell_shows_the_standard_error_when_the_run_reported_one():
+    assert study.tau_cell({"accept_len": 1.23456, "accept_len_se": 0.0678}) == "1.235 ± 0.068"
+    assert study.tau_cell({"accept_len": 1.23456, "accept_len_se": None}) == "1.235"  # a point from an older run
+
+
+def test_plot_takes_a_point_from_before_the_standard_error(tmp_path):
+    curve = [{"step": s, "train_time_s": s, "tokens_seen": 100 * s, "accept_len": 1 + s / 10} for s in (1, 2)]  # no SE key
+    old = {"name": "1x-a", "size": 1, "regime": "a", "curve": curve, "accept_len": 1.2, "accept_len_se": None}
+    new = old | {"name": "2x-a", "size": 2, "curve": [c | {"accept_len_se": 0.05} for c in curve], "accept_len_se": 0.05}
+    study.plot([old, new], tmp_path / "study.png")
+    assert (tmp_path / "study.png").stat().st_size > 1000
+
+
 def _synthetic_file(path, n):
     records = [
         {
@@ -139,8 +152,12 @@ def test_study_runs_a_two_point_grid_and_resumes(tmp_path):
         assert p["accept_len"] == pytest.approx(1 + sum(p["accept_rate"]))
         assert all(a >= b for a, b in zip(p["accept_rate"], p["accept_rate"][1:]))  # reaching i + 1 needs i
         assert p["eval_prompts"]["sources"]["chatterbot"] == 2 and "food, sports" in p["eval_prompts"]["split"]
+        summary = json.loads((out / "runs" / p["name"] / "summary.json").read_text())
+        assert p["accept_len_se"] == summary["eval"][M.EVAL_ACCEPT_LEN_SE] == p["curve"][-1]["accept_len_se"] >= 0
     table = (out / "study.md").read_text()
     assert "| 2x-cosine | 48 base + 48 synthetic |" in table and "Serving-eval prompts: 2 prompts" in table
+    for p in points.values():
+        assert f"| {p['accept_len']:.3f} ± {p['accept_len_se']:.3f} |" in table
     assert (out / "study.png").stat().st_size > 1000
     # a rerun finds both points done and trains nothing
     again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
