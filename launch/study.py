@@ -32,10 +32,17 @@ The chatterbot data group also sets its recipe (``draft.vocab_size=4096 schedule
 data.max_tokens=1024``); the ``openai`` group of ``--base-file`` does not, so pass those after
 ``--`` to compare the two.
 
+**Parallel points.** ``--parallel N`` trains up to N points at once, each its own
+``python -m trainer`` process with its own run dir and log (a small target leaves most of a
+GPU idle, so several runs fit on one). The points then share the machine: a training-time
+budget (``--max-time-s``) is not fair between them and their seconds are not comparable;
+give ``--max-steps`` as the budget. ``study.md`` says how many points trained at a time.
+
 **Output** (``--out``): ``points/<name>.json`` as each run finishes (a rerun skips the points
 already there, so a killed study resumes), ``runs/<name>/`` (the run dirs), ``logs/``, and at
-the end ``study.json``, ``study.md`` (the table) and ``study.png`` (real acceptance length
-τ against training time and against tokens seen, one line per size x regime).
+the end ``study.json``, ``study.md`` (the table; τ ± its standard error over the eval turns)
+and ``study.png`` (real acceptance length τ against training time and against tokens seen,
+one line per size x regime, a bar of one standard error on each τ).
 """
 
 from __future__ import annotations
@@ -46,7 +53,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -191,10 +200,16 @@ def collect(point: Point, run_dir: Path, seconds: float) -> dict:
     trained = [r for r in rows if M.step_acc(0) in r]
     ttt = sum(1 for key in trained[-1] if key.startswith("train/acc_")) if trained else 0
     curve = [
-        {"step": r["step"], "train_time_s": r[M.TRAIN_TIME], "tokens_seen": r[M.TOKENS_SEEN], "accept_len": r[M.EVAL_ACCEPT_LEN]}
+        {
+            "step": r["step"],
+            "train_time_s": r[M.TRAIN_TIME],
+            "tokens_seen": r[M.TOKENS_SEEN],
+            "accept_len": r[M.EVAL_ACCEPT_LEN],
+            "accept_len_se": r.get(M.EVAL_ACCEPT_LEN_SE),
+        }
         for r in rows
         if M.EVAL_ACCEPT_LEN in r and M.TRAIN_TIME in r
-    ]
+    ]  # the last entry is the final eval, the one in summary.json
     return {
         "name": point.name,
         "size": point.size,
@@ -209,6 +224,7 @@ def collect(point: Point, run_dir: Path, seconds: float) -> dict:
         "fit_wall_s": summary["wall_time_s"],
         "process_wall_s": seconds,
         "accept_len": evals[M.EVAL_ACCEPT_LEN],
+        "accept_len_se": evals.get(M.EVAL_ACCEPT_LEN_SE),  # None (here and in the curve) in a run from before the trainer reported it
         "accept_rate": [evals[M.accept_rate(i)] for i in range(k)],
         "cond_accept_rate": [evals[M.cond_accept_rate(i)] for i in range(k)],
         "train_acc": [trained[-1][M.step_acc(i)] for i in range(ttt)] if trained else [],
@@ -249,7 +265,13 @@ def run_point(point: Point, out: Path) -> dict:
 # --------------------------------------------------------------------------- outputs
 
 
-def table(results: Sequence[dict]) -> str:
+def tau_cell(r: dict) -> str:
+    """τ with its standard error, or τ alone when the run did not report one."""
+    se = r.get("accept_len_se")
+    return f"{r['accept_len']:.3f}" if se is None else f"{r['accept_len']:.3f} ± {se:.3f}"
+
+
+def table(results: Sequence[dict], parallel: int = 1) -> str:
     header = (
         "point",
         "data (conversations)",
@@ -258,12 +280,14 @@ def table(results: Sequence[dict]) -> str:
         "tokens seen",
         "train s",
         "wall s",
-        "τ",
+        "τ ± SE",
         "accept rate per position",
         "train acc per position",
         "held-out sim. accept len",
     )
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    shared = ": they shared it, so compare them by steps and tokens, not seconds" if parallel > 1 else ""
+    lines = [f"Points trained {parallel} at a time on one machine{shared}.", ""]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in results:
         if "error" in r:
             lines.append(f"| {r['name']} | failed: {r['error']} |" + " |" * (len(header) - 2))
@@ -277,7 +301,7 @@ def table(results: Sequence[dict]) -> str:
             f"{r['tokens_seen']:,}",
             f"{r['train_time_s']:.0f}",
             f"{r['process_wall_s']:.0f}",
-            f"{r['accept_len']:.3f}",
+            tau_cell(r),
             " / ".join(f"{a:.3f}" for a in r["accept_rate"]),
             " / ".join(f"{a:.3f}" for a in r["train_acc"]),
             f"{r['eval_sim_accept_len']:.3f}",
@@ -304,6 +328,15 @@ def plot(results: Sequence[dict], path: Path) -> None:
         style = ("-", "--", ":", "-.")[regimes.index(r["regime"]) % 4]
         for ax, x in zip(axes, ("train_time_s", "tokens_seen")):
             ax.plot([c[x] for c in r["curve"]], [c["accept_len"] for c in r["curve"]], style, marker="o", color=color, label=r["name"])
+            bars = [c for c in r["curve"] if c.get("accept_len_se") is not None]
+            ax.errorbar(
+                [c[x] for c in bars],
+                [c["accept_len"] for c in bars],
+                [c["accept_len_se"] for c in bars],
+                fmt="none",
+                ecolor=color,
+                capsize=3,
+            )
     for ax, label in zip(axes, ("training time (s)", "tokens seen")):
         ax.set_xlabel(label)
         ax.set_ylabel("acceptance length τ (real spec. decoding)")
@@ -326,28 +359,49 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--regimes", nargs="+", default=None, help="run only these regimes of the grid")
     p.add_argument("--max-steps", type=int, default=None, help="budget: optimizer steps a run")
     p.add_argument("--max-time-s", type=float, default=None, help="budget: training seconds a run")
+    p.add_argument("--parallel", type=int, default=1, help="train up to N points at once (give --max-steps as the budget)")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after --)")
     return p
 
 
+_PRINT = threading.Lock()  # one line at a time from the pool's threads
+
+
+def _say(line: str) -> None:
+    with _PRINT:
+        print(line, flush=True)
+
+
+def train(point: Point, out: Path) -> dict:
+    """``run_point`` with a line as it starts and one as it ends (from a pool thread)."""
+    _say(f"{point.name}: {point.base} base + {point.synthetic} synthetic conversations, training ...")
+    result = run_point(point, out)
+    _say(f"{point.name}: " + (result.get("error") or f"τ = {tau_cell(result)}"))
+    return result
+
+
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = _parser().parse_args(argv)
+    if args.parallel < 1:
+        raise ValueError(f"--parallel {args.parallel}: give at least 1 (points trained at once)")
     grid = load_grid(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    results = []
-    for point in plan(args, grid):
-        done = args.out / "points" / f"{point.name}.json"
-        if done.exists() and "error" not in json.loads(done.read_text()):
-            print(f"{point.name}: done earlier ({done})")
-            results.append(json.loads(done.read_text()))
-            continue
-        print(f"{point.name}: {point.base} base + {point.synthetic} synthetic conversations, training ...", flush=True)
-        results.append(run_point(point, args.out))
-        print(f"{point.name}: " + (results[-1].get("error") or f"τ = {results[-1]['accept_len']:.3f}"), flush=True)
-    (args.out / "study.json").write_text(json.dumps({"grid": asdict(grid), "points": results}, indent=2) + "\n")
-    (args.out / "study.md").write_text(table(results))
+    points, finished, todo = plan(args, grid), {}, []
+    for point in points:
+        path = args.out / "points" / f"{point.name}.json"
+        if path.exists() and "error" not in json.loads(path.read_text()):
+            print(f"{point.name}: done earlier ({path})")
+            finished[point.name] = json.loads(path.read_text())
+        else:
+            todo.append(point)
+    with ThreadPoolExecutor(max_workers=args.parallel) as pool:  # each thread waits on its own trainer process
+        finished |= {point.name: result for point, result in zip(todo, pool.map(lambda p: train(p, args.out), todo))}
+    results = [finished[point.name] for point in points]
+    study = {"grid": asdict(grid), "parallel": args.parallel, "points": results}
+    (args.out / "study.json").write_text(json.dumps(study, indent=2) + "\n")
+    (args.out / "study.md").write_text(table(results, args.parallel))
     plot(results, args.out / "study.png")
-    print(table(results))
+    print(table(results, args.parallel))
     return results
 
 

@@ -1,5 +1,5 @@
 """Held-out categories, the training-time cap, eval-prompt provenance, and the study runner on a
-two-point grid with a step cap (real embedded target, tiny config)."""
+two-point grid with a step cap, both points at once (real embedded target, tiny config)."""
 
 import json
 import os
@@ -78,6 +78,21 @@ def test_grid_file_flags_and_budget(tmp_path):
         study.load_grid(study._parser().parse_args(["--out", str(tmp_path), "--grid", str(grid_file), "--max-steps", "5"]))
     failed = {"name": "4x-b", "size": 4, "regime": "b", "overrides": [], "error": "exit 1", "log_tail": []}
     assert "| 4x-b | failed: exit 1 |" in study.table([failed])
+    with pytest.raises(ValueError, match="--parallel 0"):
+        study.main(["--out", str(tmp_path), "--max-steps", "5", "--parallel", "0"])
+
+
+def test_tau_cell_shows_the_standard_error_when_the_run_reported_one():
+    assert study.tau_cell({"accept_len": 1.23456, "accept_len_se": 0.0678}) == "1.235 ± 0.068"
+    assert study.tau_cell({"accept_len": 1.23456, "accept_len_se": None}) == "1.235"  # a point from an older run
+
+
+def test_plot_takes_a_point_from_before_the_standard_error(tmp_path):
+    curve = [{"step": s, "train_time_s": s, "tokens_seen": 100 * s, "accept_len": 1 + s / 10} for s in (1, 2)]  # no SE key
+    old = {"name": "1x-a", "size": 1, "regime": "a", "curve": curve, "accept_len": 1.2, "accept_len_se": None}
+    new = old | {"name": "2x-a", "size": 2, "curve": [c | {"accept_len_se": 0.05} for c in curve], "accept_len_se": 0.05}
+    study.plot([old, new], tmp_path / "study.png")
+    assert (tmp_path / "study.png").stat().st_size > 1000
 
 
 def _synthetic_file(path, n):
@@ -95,7 +110,7 @@ def _synthetic_file(path, n):
 
 
 @pytest.mark.slow
-def test_study_runs_a_two_point_grid_and_resumes(tmp_path):
+def test_study_runs_a_two_point_grid_in_parallel_and_resumes(tmp_path):
     synthetic = tmp_path / "answered.jsonl"
     _synthetic_file(synthetic, 60)
     out = tmp_path / "study"
@@ -114,6 +129,8 @@ def test_study_runs_a_two_point_grid_and_resumes(tmp_path):
         "cosine",
         "--max-steps",
         "2",
+        "--parallel",
+        "2",
         "--holdout-categories",
         *CATS,
         "--",
@@ -125,9 +142,13 @@ def test_study_runs_a_two_point_grid_and_resumes(tmp_path):
         env = dict(os.environ, PYTHONPATH=str(ROOT), MASTER_PORT=str(held.getsockname()[1]))
         proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    started = [i for i, line in enumerate(lines) if line.endswith("training ...")]
+    ended = [i for i, line in enumerate(lines) if ": τ = " in line]
+    assert len(started) == len(ended) == 2 and max(started) < min(ended), proc.stdout  # both trained at once
     study = json.loads((out / "study.json").read_text())
+    assert [p["name"] for p in study["points"]] == ["1x-cosine", "2x-cosine"] and study["parallel"] == 2  # plan order
     points = {p["name"]: p for p in study["points"]}
-    assert set(points) == {"1x-cosine", "2x-cosine"}
     assert points["1x-cosine"]["data"] == {"base_conversations": 48, "synthetic_conversations": 0}
     assert points["2x-cosine"]["data"] == {"base_conversations": 48, "synthetic_conversations": 48}
     assert len((out / "data" / "synthetic_48.jsonl").read_text().splitlines()) == 48
@@ -139,8 +160,13 @@ def test_study_runs_a_two_point_grid_and_resumes(tmp_path):
         assert p["accept_len"] == pytest.approx(1 + sum(p["accept_rate"]))
         assert all(a >= b for a, b in zip(p["accept_rate"], p["accept_rate"][1:]))  # reaching i + 1 needs i
         assert p["eval_prompts"]["sources"]["chatterbot"] == 2 and "food, sports" in p["eval_prompts"]["split"]
+        summary = json.loads((out / "runs" / p["name"] / "summary.json").read_text())
+        assert p["accept_len_se"] == summary["eval"][M.EVAL_ACCEPT_LEN_SE] == p["curve"][-1]["accept_len_se"] >= 0
     table = (out / "study.md").read_text()
     assert "| 2x-cosine | 48 base + 48 synthetic |" in table and "Serving-eval prompts: 2 prompts" in table
+    assert table.startswith("Points trained 2 at a time on one machine: they shared it")
+    for p in points.values():
+        assert f"| {p['accept_len']:.3f} ± {p['accept_len_se']:.3f} |" in table
     assert (out / "study.png").stat().st_size > 1000
     # a rerun finds both points done and trains nothing
     again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
