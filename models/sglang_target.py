@@ -62,6 +62,7 @@ class SGLangTarget:
     attention_backend: str | None = None  # None: fa3 on Hopper where sgl_kernel carries it, else triton (models.sglang_preflight)
     load_format: str = "auto"  # auto | dummy (random weights, for benchmarks)
     max_total_tokens: int | None = None  # KV pool tokens; None: what mem_fraction_static leaves
+    prefill_tokens: int | None = None  # the largest prefill (tp_size x slot tokens): SGLang's input buffers; None: its default
 
     def build(self, device: torch.device) -> SGLangTargetEngine:
         return SGLangTargetEngine.start(self, device)
@@ -186,6 +187,12 @@ class SGLangTargetEngine:
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
         r, tokens = self.runner, sum(map(len, docs))
+        buffers = r.server_args.chunked_prefill_size
+        if buffers is not None and 0 < buffers < tokens:
+            raise ValueError(
+                f"a prefill of {tokens} tokens (the batches of {self.tp_size} TP ranks) exceeds SGLang's prefill buffers of "
+                f"{buffers} tokens: set engine.slot_tokens to the largest batch (default ${{data.max_tokens}})"
+            )
         if tokens > r.max_total_num_tokens:
             raise ValueError(
                 f"a prefill of {tokens} tokens (the batches of {self.tp_size} TP ranks) does not fit SGLang's KV pool of "
@@ -263,6 +270,7 @@ def _model_runner(recipe: SGLangTarget, attention_backend: str, device: torch.de
         attention_backend=attention_backend,
         load_format=recipe.load_format,
         max_total_tokens=recipe.max_total_tokens,
+        chunked_prefill_size=recipe.prefill_tokens,  # sizes the eager runner's input buffers: one prefill must fit
         disable_radix_cache=True,
         disable_prefill_cuda_graph=True,
         disable_decode_cuda_graph=True,

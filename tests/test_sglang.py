@@ -419,6 +419,9 @@ def test_engine_sglang_maps_to_one_recipe_per_local_rank():
     first = recipes[0]
     assert (first.path, first.aux_layer_ids, first.dtype, first.tp_size) == ("/models/kimi", tuple(KIMI_IDS), torch.bfloat16, 4)
     assert (first.mem_fraction_static, first.attention_backend, first.load_format, first.max_total_tokens) == (0.6, "fa3", "dummy", 65536)
+    # SGLang sizes its prefill input buffers by chunked_prefill_size (8192 on an H200 by default): one
+    # prefill holds the batches of the 4 ranks of a group, so the buffers must hold 4 x max_tokens
+    assert first.prefill_tokens == 4 * cfg.data.max_tokens
     assert pickle.loads(pickle.dumps(first)) == first  # the engine process receives it pickled
 
 

@@ -115,6 +115,7 @@ def sglang_recipe(target: TargetConfig, engine: EngineConfig, ids: Sequence[int]
         attention_backend=s.attention_backend,
         load_format=s.load_format,
         max_total_tokens=s.max_total_tokens,
+        prefill_tokens=None if engine.slot_tokens is None else s.tp_size * engine.slot_tokens,
     )
 
 
