@@ -159,7 +159,8 @@ def synthetic_subset(synthetic: Path, k: int, out_dir: Path) -> Path:
     """The first ``k`` records of ``synthetic`` as a file of their own (written once)."""
     path = out_dir / f"synthetic_{k}.jsonl"
     if not path.exists():
-        lines = [line for line in synthetic.read_text(encoding="utf-8").splitlines() if line.strip()]
+        text = synthetic.read_text(encoding="utf-8")  # split on newlines only: JSON strings may hold U+2028, \x1c, ...
+        lines = [line for line in text.split("\n") if line.strip()]
         if len(lines) < k:
             raise ValueError(f"{synthetic}: {len(lines)} records, the grid needs {k}; synthesize more or drop the largest size")
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -156,6 +156,14 @@ def test_a_foreign_line_in_the_output_is_an_error(tmp_path):
         R.done_ids(out)
 
 
+def test_done_ids_read_records_whose_text_holds_unicode_line_breaks(tmp_path):
+    # the writer keeps non-ASCII raw (ensure_ascii=False): U+2028, U+0085 and \x1c are inside strings, not line ends
+    out = tmp_path / "answered.jsonl"
+    rows = [{"id": f"r{k}", "messages": [{"role": "assistant", "content": f"a{sep}b"}]} for k, sep in enumerate("\u2028\x85\x1c")]
+    out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    assert R.done_ids(out) == {"r0", "r1", "r2"}
+
+
 def test_cli_on_a_file_source(tiny_target, tmp_path):
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps({"messages": c}) + "\n" for c in CONVS))

@@ -171,3 +171,12 @@ def test_study_runs_a_two_point_grid_in_parallel_and_resumes(tmp_path):
     # a rerun finds both points done and trains nothing
     again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and again.stdout.count("done earlier") == 2
+
+
+def test_synthetic_subset_keeps_records_whose_strings_hold_unicode_line_breaks(tmp_path):
+    # json.dumps(ensure_ascii=False) writes U+2028, U+0085 and \x1c raw: they end a line for str.splitlines
+    records = [{"messages": [{"role": "user", "content": f"a{sep}b"}]} for sep in ("\u2028", "\x85", "\x1c", "\n")]
+    source = tmp_path / "answered.jsonl"
+    source.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    subset = study.synthetic_subset(source, 3, tmp_path / "data")
+    assert [json.loads(line) for line in subset.read_text(encoding="utf-8").split("\n") if line] == records[:3]

@@ -228,3 +228,12 @@ def test_regenerate_answers_a_prompt_file_and_keeps_its_metadata(tiny_target, tm
     assert [m["role"] for m in records[1]["messages"]] == ["user", "assistant", "user", "assistant"]
     assert records[1]["synthetic"] == {"category": "x"} and "synthetic" not in records[0]
     assert [m["content"] for m in records[1]["messages"] if m["role"] == "user"] == ["Hi there", "And then?"]
+
+
+def test_the_pipeline_reads_back_records_whose_text_holds_unicode_line_breaks(tmp_path):
+    from trainer.datagen.synth.pipeline import _records
+
+    path = tmp_path / "answered.jsonl"
+    rows = [{"prompt": f"a{sep}b", "stage": "kept"} for sep in "\u2028\x85\x1c"]
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    assert _records(path) == rows

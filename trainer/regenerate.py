@@ -108,7 +108,7 @@ def done_ids(output: Path) -> set[str]:
         with output.open("r+b") as f:
             f.truncate(keep)
     ids = set()
-    for lineno, line in enumerate(data[:keep].decode("utf-8").splitlines(), start=1):
+    for lineno, line in enumerate(data[:keep].decode("utf-8").split("\n"), start=1):  # not splitlines: U+2028 is not a line end
         if not line.strip():
             continue
         try:

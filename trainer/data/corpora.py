@@ -413,7 +413,7 @@ def _codeio_records(wheel: zipfile.ZipFile, member: str, error: _Errors) -> Iter
                 raise ValueError(f"{where}:{line}: the JSON array is cut off here")
             yield f"{where}:{line}", value
         return
-    for n, line in enumerate(text.splitlines(), start=1):
+    for n, line in enumerate(text.split("\n"), start=1):  # not splitlines: U+2028 is not a line end
         if line.strip():
             try:
                 yield f"{where}:{n}", json.loads(line)

@@ -94,7 +94,8 @@ def rejected_path(output: Path) -> Path:
 
 
 def _records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()] if path.exists() else []
+    lines = path.read_text(encoding="utf-8").split("\n") if path.exists() else []  # not splitlines: U+2028 is not a line end
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def _append(path: Path, records: Sequence[dict]) -> None:
