@@ -3,8 +3,9 @@
 1. torch.profiler over a few draft steps (labels, TTT forward, backward, AdamW) on random
    features of the benchmark's shapes: the top ops by device time (CPU time on a CPU).
 2. The step timed with the current kernels (flex-attention step 0 + log-sum-exp merge;
-   fused soft cross-entropy) and with the earlier ones of ``launch/draft_variants.py``, one
-   or both swapped in: median ms a step, peak memory, and loss / gradient against the
+   fused soft cross-entropy), with the earlier ones of ``launch/draft_variants.py`` (one or
+   both swapped in), and with the current ones plus compiled pointwise chains
+   (``compiled_pointwise``): median ms a step, peak memory, and loss / gradient against the
    baseline on the same weights and inputs (they must agree to bf16 rounding).
 """
 
@@ -19,27 +20,36 @@ import torch
 
 import models.draft as draft_module
 import trainer.ttt as ttt_module
-from launch.draft_variants import plain_soft_cross_entropy, ttt_attention_scores
+from launch.draft_variants import compiled_pointwise, plain_soft_cross_entropy, ttt_attention_scores
 from models.batch import FeatureBatch, TokenBatch
 from trainer.ttt import draft_step
 
-VARIANTS = {  # name: (attention, soft cross-entropy); the first is the reference
-    "baseline": (ttt_attention_scores, plain_soft_cross_entropy),
-    "flex_attention": (draft_module.ttt_attention, plain_soft_cross_entropy),
-    "fused_soft_ce": (ttt_attention_scores, ttt_module.soft_cross_entropy),
-    "current": (draft_module.ttt_attention, ttt_module.soft_cross_entropy),
+_BASELINE_ATTENTION = {"ttt_attention": ttt_attention_scores}  # in models.draft
+_BASELINE_CE = {"soft_cross_entropy": plain_soft_cross_entropy}  # in trainer.ttt
+
+# name: () -> (swaps in models.draft, swaps in trainer.ttt); the first is the reference
+VARIANTS = {
+    "baseline": lambda: (_BASELINE_ATTENTION, _BASELINE_CE),
+    "flex_attention": lambda: ({}, _BASELINE_CE),
+    "fused_soft_ce": lambda: (_BASELINE_ATTENTION, {}),
+    "current": lambda: ({}, {}),
+    "compiled_pointwise": lambda: (compiled_pointwise(), {}),
 }
 
 
 @contextlib.contextmanager
-def kernels(attention, cross_entropy):
-    """Swap ``models.draft.ttt_attention`` and ``trainer.ttt.soft_cross_entropy`` (looked up at call time)."""
-    saved = draft_module.ttt_attention, ttt_module.soft_cross_entropy
-    draft_module.ttt_attention, ttt_module.soft_cross_entropy = attention, cross_entropy
+def kernels(draft_swaps: dict, ttt_swaps: dict):
+    """Swap functions of ``models.draft`` and ``trainer.ttt`` by name (both look them up at call time)."""
+    targets = ((draft_module, draft_swaps), (ttt_module, ttt_swaps))
+    saved = [(module, name, getattr(module, name)) for module, swaps in targets for name in swaps]
+    for module, swaps in targets:
+        for name, fn in swaps.items():
+            setattr(module, name, fn)
     try:
         yield
     finally:
-        draft_module.ttt_attention, ttt_module.soft_cross_entropy = saved
+        for module, name, fn in saved:
+            setattr(module, name, fn)
 
 
 def random_features(st) -> FeatureBatch:
@@ -80,7 +90,7 @@ def first_step_grads(st, objective, fb) -> tuple[float, dict[str, torch.Tensor]]
 
 
 def time_variant(st, objective, opt, fb, name: str, reference: tuple[float, dict] | None, steps: int) -> dict:
-    with kernels(*VARIANTS[name]):
+    with kernels(*VARIANTS[name]()):
         loss, grads = first_step_grads(st, objective, fb)
         row = {"variant": name, "loss": loss}
         if reference is not None:
@@ -125,7 +135,7 @@ def profile(st, make_objective) -> dict:
             if name in ("baseline", "current"):
                 raise
             rows.append({"variant": name, "error": f"{type(err).__name__}: {err}"[:2000]})
-            print(f"{name:<16} FAILED: {rows[-1]['error'][:300]}", flush=True)
+            print(f"{name:<20} FAILED: {rows[-1]['error'][:300]}", flush=True)
             objective.draft.zero_grad(set_to_none=True)
             if st.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -133,7 +143,7 @@ def profile(st, make_objective) -> dict:
         reference = reference or grads
         rows.append(row)
         print(
-            f"{name:<16} {row['step_ms']:>9.1f} ms/step {row['draft_tokens_per_s']:>9.0f} tok/s {row['draft_tflops']:>7.1f} TFLOP/s"
+            f"{name:<20} {row['step_ms']:>9.1f} ms/step {row['draft_tokens_per_s']:>9.0f} tok/s {row['draft_tflops']:>7.1f} TFLOP/s"
             f"  loss diff {row.get('loss_diff', 0):.2e}  grad rel diff {row.get('max_rel_grad_diff', 0):.2e}",
             flush=True,
         )

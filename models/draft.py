@@ -5,6 +5,9 @@ One decoder layer whose attention reads ``[input_layernorm(embeds), hidden_norm(
 checkpoint (``fc``, ``midlayer.*``, ``norm``, ``lm_head``), so export is a rename-free
 ``state_dict``. The token embedding is the target's, frozen, and never exported.
 
+The pointwise pieces (``rms_norm``, ``silu_mul``, ``apply_rope``) are module functions, looked up
+at call time, so a benchmark can swap in fused versions (``launch/draft_variants.py``).
+
 Attention takes a list of per-step key/value caches: step 0 holds the causal keys of the
 whole sequence; each later TTT step k adds one key per position (the draft token at
 position t + k). A query at row t of step k sees step-0 keys s <= t and the step-j key of
@@ -80,6 +83,19 @@ def rope_theta_of(config) -> float:
     raise ValueError(f"target config {type(config).__name__} names no RoPE base (rope_theta)")
 
 
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x [..., H] normalised in fp32, cast back to its dtype, times ``weight`` [H]."""
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
+    """The SwiGLU activation: silu(gate) * up, both [..., I]."""
+    return F.silu(gate) * up
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -87,10 +103,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype):
@@ -138,7 +151,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(s.intermediate_size, s.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 class MidLayer(nn.Module):

@@ -169,3 +169,32 @@ def test_current_kernels_match_the_baseline():
     torch.testing.assert_close(
         torch.autograd.grad((current * weight).sum(), logits)[0], torch.autograd.grad((baseline * weight).sum(), logits)[0]
     )
+
+
+@pytest.mark.parametrize(
+    "device, dtype, tol",
+    [("cpu", torch.float32, 1e-6), pytest.param("cuda", torch.bfloat16, 2e-2, marks=pytest.mark.gpu)],
+)
+def test_compiled_pointwise_chains_equal_the_eager_ones(device, dtype, tol):
+    """launch/draft_variants.compiled_pointwise (torch.compile of models.draft's rms_norm, silu_mul and
+    apply_rope): outputs and gradients equal the eager functions'."""
+    from launch.draft_variants import compiled_pointwise
+    from models import draft
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 6, 16, device=device, dtype=dtype), torch.randn(16, device=device, dtype=dtype)
+    g, u = torch.randn(2, 6, 32, device=device, dtype=dtype), torch.randn(2, 6, 32, device=device, dtype=dtype)
+    cos, sin = draft.rope_cos_sin(torch.arange(6, device=device)[None], 8, 10000.0, dtype)  # [1, 1, 6, 8]
+    q = torch.randn(2, 3, 6, 8, device=device, dtype=dtype)
+    cases = {"rms_norm": ((x, w), (1e-5,)), "silu_mul": ((g, u), ()), "apply_rope": ((q,), (cos, sin))}
+    compiled = compiled_pointwise()
+    for name, (grads_of, rest) in cases.items():
+        outs = []
+        for fn in (getattr(draft, name), compiled[name]):
+            inputs = [t.detach().clone().requires_grad_() for t in grads_of]
+            y = fn(*inputs, *rest)
+            outs.append((y, *torch.autograd.grad((y.float() * torch.linspace(0, 1, y.numel(), device=device).view_as(y)).sum(), inputs)))
+        for eager, fused in zip(*outs):
+            torch.testing.assert_close(fused, eager, rtol=tol, atol=tol, msg=name)
