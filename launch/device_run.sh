@@ -6,8 +6,10 @@
 #   launch/device_run.sh setup-deps DEPS_WHEELS_DIR GGUF_PART_DIR         # project deps; first part(s) of the GGUF
 #   launch/device_run.sh setup-gguf GGUF_PART_DIR                          # last part(s); joins and checks the GGUF
 #   launch/device_run.sh bg NAME GPU COMMAND...     # COMMAND on one GPU in the background (survives the call)
-#   launch/device_run.sh collect                    # job states + results (/tmp/res) into $OUT (JIT=1: + the JIT cache)
-#   launch/device_run.sh recipe CORPORA_DIR         # the H200 quality recipe: SGLang generation, training, tau
+#   launch/device_run.sh collect                    # job states + results (/tmp/res) into $OUT (JIT=1: + the JIT
+#                                                   # cache; DATA=1: + the recipe's answers, for ANSWERED=FILE next time)
+#   launch/device_run.sh recipe CORPORA_DIR         # the H200 quality recipe: SGLang generation (ANSWERED=FILE.gz:
+#                                                   # reuse earlier answers), training, tau
 #   launch/device_run.sh baseline CORPORA_DIR       # the embedded default recipe, tau on the same held-out files
 #   launch/device_run.sh study CORPORA_DIR          # data size x LR regime on the recipe's answers (waits for them)
 #   launch/device_run.sh genbench                   # generation speeds (transformers batches, SGLang)
@@ -62,6 +64,7 @@ collect)
   (cd /tmp/res && tar czf "$OUT/res.tgz" --exclude='study/data' --exclude='*.jsonl.gz' --exclude='answered*.jsonl' --exclude='checkpoints' \
      --exclude='*.safetensors' --exclude='wandb' --exclude='*.pt' .) || true
   [ -z "${JIT:-}" ] || tar czf "$OUT/jitcache.tgz" -C ~ .cache/tvm-ffi .cache/flashinfer || true
+  [ -z "${DATA:-}" ] || [ ! -f /tmp/res/recipe/answered.done ] || gzip -c /tmp/res/recipe/answered.jsonl > "$OUT/answered.jsonl.gz"
   ls -la "$OUT"
   ;;
 recipe)
@@ -69,9 +72,14 @@ recipe)
   # transformers engine if that run fails), then SGLang serves the export: tau on each held-out file (k = 6 and 3)
   c=$2 r=/tmp/res/recipe; mkdir -p $r
   phase() { local rc=0; echo "$1 start $(date +%s)" >> $r/times.txt; shift; "$@" || rc=$?; echo "end $(date +%s) exit $rc" >> $r/times.txt; }
-  phase regenerate python3 -m trainer.regenerate --engine sglang --prompts "$c"/train_prompts.jsonl.gz \
-    --output $r/answered.jsonl --max-new-tokens 256 2>&1 | clean > $r/regenerate.log
-  tail -3 $r/regenerate.log; touch $r/answered.done
+  if [ -n "${ANSWERED:-}" ]; then  # answers brought back from an earlier machine (collect with DATA=1)
+    gunzip -c "$ANSWERED" > $r/answered.jsonl
+  else
+    phase regenerate python3 -m trainer.regenerate --engine sglang --prompts "$c"/train_prompts.jsonl.gz \
+      --output $r/answered.jsonl --max-new-tokens 256 2>&1 | clean > $r/regenerate.log
+    tail -3 $r/regenerate.log
+  fi
+  touch $r/answered.done
   train=(python3 -m trainer +experiment=h200_quality data.sources.openai.path=$r/answered.jsonl
     trainer.eval_prompts_file="$c"/heldout_sharegpt.jsonl trainer.eval_prompts=16
     "data.heldout_prompt_files=[$c/heldout_codeio.jsonl,$c/heldout_evals.jsonl]")
