@@ -105,6 +105,12 @@ def to_rows(flat: Tensor, lengths: Sequence[int], width: int) -> Tensor:
     return rows
 
 
+def prefill_buffer_tokens(tokens: int | None) -> int | None:
+    """SGLang's ``chunked_prefill_size`` for prefills of up to ``tokens``: rounded up to a multiple of
+    256, which every KV page size SGLang uses divides; None keeps SGLang's default."""
+    return None if tokens is None else -(-tokens // 256) * 256
+
+
 def check_aux_width(aux: Tensor | None, info: TargetInfo, version: str) -> None:
     """The field failure, caught per batch: a class that did not capture hands over H values a token."""
     want = len(info.aux_layer_ids) * info.hidden_size
@@ -270,7 +276,7 @@ def _model_runner(recipe: SGLangTarget, attention_backend: str, device: torch.de
         attention_backend=attention_backend,
         load_format=recipe.load_format,
         max_total_tokens=recipe.max_total_tokens,
-        chunked_prefill_size=recipe.prefill_tokens,  # sizes the eager runner's input buffers: one prefill must fit
+        chunked_prefill_size=prefill_buffer_tokens(recipe.prefill_tokens),  # sizes the eager runner's input buffers
         disable_radix_cache=True,
         disable_prefill_cuda_graph=True,
         disable_decode_cuda_graph=True,

@@ -33,7 +33,7 @@ from models.sglang_preflight import (
     read_target_shape,
 )
 from models.sglang_preflight import main as preflight_main
-from models.sglang_target import SGLangTarget, check_aux_width, documents, import_sglang, rank_span, to_rows
+from models.sglang_target import SGLangTarget, check_aux_width, documents, import_sglang, prefill_buffer_tokens, rank_span, to_rows
 from models.target import TargetInfo
 from serving.formats import FORMATS, ExportSpec
 from tests.sglang_tiny import is_layer, layer_errors, tiny_deepseek_v3_config
@@ -422,6 +422,7 @@ def test_engine_sglang_maps_to_one_recipe_per_local_rank():
     # SGLang sizes its prefill input buffers by chunked_prefill_size (8192 on an H200 by default): one
     # prefill holds the batches of the 4 ranks of a group, so the buffers must hold 4 x max_tokens
     assert first.prefill_tokens == 4 * cfg.data.max_tokens
+    assert [prefill_buffer_tokens(n) for n in (None, 1, 256, 16384, 14509)] == [None, 256, 256, 16384, 14592]
     assert pickle.loads(pickle.dumps(first)) == first  # the engine process receives it pickled
 
 
