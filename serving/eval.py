@@ -32,7 +32,7 @@ from tqdm import tqdm
 from serving.export import load_export
 from serving.formats import DEFAULT_SPECULATIVE_TOKENS, read_export_config
 from serving.prompts import PromptSpec, ask, read_prompt_file, render, stop_ids_of
-from serving.speculative.decode import Generation, speculative_generate
+from serving.speculative.decode import Generation, speculative_generate, teacher_forced_hits
 from serving.speculative.draft_runner import DraftRunner
 from serving.speculative.target_runner import FEATURES, TargetRunner, greedy_generate
 
@@ -60,6 +60,8 @@ class Tally:
     cycles: int = 0
     new_tokens: int = 0
     per_turn: list[tuple[int, int]] = field(default_factory=list)  # per turn: (tokens per verify summed, verify steps)
+    tf_hits: int = 0  # teacher_forced_hits summed over turns
+    tf_positions: int = 0
 
     def __post_init__(self) -> None:
         self.reached, self.accepted = [0] * self.k, [0] * self.k
@@ -93,6 +95,7 @@ class EvalResult:
     accept_len_se: float  # its standard error over turns
     accept_rate: list[float]  # [k]
     cond_accept_rate: list[float]  # [k]
+    tf_acc_0: float  # the draft's first token with the true prefix at every answer position (training's acc_0)
     cycles: int
     new_tokens: int
     turns: int
@@ -107,12 +110,14 @@ class EvalResult:
         rate = [a / cycles for a in tally.accepted]
         cond = [a / r if r else 0.0 for a, r in zip(tally.accepted, tally.reached)]
         counts = (tally.cycles, tally.new_tokens, turns, fc_skipped, checked, mismatches, wall)
-        return cls(tally.k, feature, tally.tau, tally.tau_se, rate, cond, *counts)
+        tf_acc = tally.tf_hits / max(tally.tf_positions, 1)
+        return cls(tally.k, feature, tally.tau, tally.tau_se, rate, cond, tf_acc, *counts)
 
     def metrics(self, prefix: str = "eval") -> dict[str, float]:
         out = {
             f"{prefix}/accept_len": self.accept_len,
             f"{prefix}/accept_len_se": self.accept_len_se,
+            f"{prefix}/tf_acc_0": self.tf_acc_0,
             f"{prefix}/spec_cycles": float(self.cycles),
         }
         for i, (r, c) in enumerate(zip(self.accept_rate, self.cond_accept_rate)):
@@ -128,6 +133,7 @@ class EvalResult:
             "position  accept_rate  cond_accept_rate",
         ]
         lines += [f"{i + 1:>8}  {r:>11.3f}  {c:>16.3f}" for i, (r, c) in enumerate(zip(self.accept_rate, self.cond_accept_rate))]
+        lines.append(f"teacher-forced acc_0 on these answers (every position, true prefix): {self.tf_acc_0:.3f}")
         if self.fc_skipped:
             lines.append(
                 "WARNING: fc skipped: the draft was fed features as wide as its embedding (the target's final hidden "
@@ -161,6 +167,8 @@ def evaluate(
         prompt = torch.tensor(render(tokenizer, messages), device=device)
         gen = speculative_generate(target, draft, prompt, k, max_new_tokens, stops)
         tally.add(gen)
+        hits, positions = teacher_forced_hits(target, draft, prompt, gen.tokens)
+        tally.tf_hits, tally.tf_positions = tally.tf_hits + hits, tally.tf_positions + positions
         if check_greedy:
             checked += 1
             reference = greedy_generate(target, prompt, max_new_tokens, stops)

@@ -33,7 +33,7 @@ from serving.prompts import (
     stop_ids_of,
     write_prompt_file,
 )
-from serving.speculative.decode import Generation, speculative_generate
+from serving.speculative.decode import Generation, speculative_generate, teacher_forced_hits
 from serving.speculative.draft_runner import DraftRunner
 from serving.speculative.target_runner import TargetRunner, greedy_generate
 from serving.verify import verify_export
@@ -328,3 +328,28 @@ def test_tau_standard_error_over_turns_equals_the_delta_method():
     by_hand = math.sqrt(3 / 2 * sum((n - r * d) ** 2 for n, d in units)) / 7
     assert tally.tau == pytest.approx(r) and tally.tau_se == pytest.approx(by_hand)
     assert ratio_se([(2, 1), (2, 1), (2, 1)]) == 0.0 and math.isnan(ratio_se([(2, 1)]))
+
+
+def test_teacher_forced_acc_0_is_the_training_step_0_accuracy_on_the_same_answers(target, references, fitted):
+    """serving.eval's teacher-forced acc_0 (runners, KV caches) counts what training's acc_0 counts
+    (engine features, TTT step 0) on the same answers: the positions the draft proposes first."""
+    engine, _, _ = target
+    parsed = read_export_config(fitted["sglang"])
+    draft, vocab, _ = load_export(fitted["sglang"], embed_weight=engine.embed_weight)
+    runner = TargetRunner(engine.model, parsed.aux_layer_ids)
+    draft_runner = DraftRunner(draft, vocab.draft_to_target, parsed.norm_output)
+    served, trained = [0, 0], [0, 0]
+    for prompt, answer in references:
+        hits, positions = teacher_forced_hits(runner, draft_runner, torch.tensor(prompt), answer)
+        ids = torch.tensor([prompt + answer])  # [1, P + A]
+        mask = torch.zeros_like(ids, dtype=torch.bool)
+        mask[0, len(prompt) + 1 :] = True  # x_{P+1} ..: the first answer token comes from the prefill
+        batch = TokenBatch(ids, mask, torch.tensor([ids.shape[1]]))
+        features = engine.features(batch)
+        labels = target_labels(features.final, engine.lm_head_weight, vocab.draft_to_target, vocab.t2d)
+        with torch.no_grad():
+            out = ttt_unroll(draft, ids, mask, batch.lengths, features.aux, labels, vocab.draft_to_target, 1, 0.8, False)
+        served = [served[0] + hits, served[1] + positions]
+        trained = [trained[0] + int(out.correct[0]), trained[1] + int(out.valid[0])]
+    assert served[1] == trained[1] == sum(len(a) - 1 for _, a in references)
+    assert served == trained and 0 < served[0] < served[1], (served, trained)

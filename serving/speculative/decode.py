@@ -12,6 +12,10 @@ to it; the target's KV cache holds x_0 .. x_{n-1}, the draft's rows 0 .. n-1):
 The output is, token for token, the target's greedy decoding. Acceptance length
 τ = mean over cycles of (a + 1): tokens per target verify forward, SGLang's
 ``spec_accept_length`` (the first token, from the prefill forward, is not a cycle).
+
+``teacher_forced_hits`` scores the draft's first token on a finished answer with the true
+prefix at every position (what training's acc_0 measures), to set beside the served
+accept rate at position 1, which counts only the positions where a cycle starts.
 """
 
 from __future__ import annotations
@@ -85,3 +89,21 @@ def speculative_generate(
         if _finish(gen.tokens, new, max_new_tokens, stop_ids):
             return gen
         ext_tokens, features = torch.tensor(new, device=prompt.device), features[: a + 1]
+
+
+@torch.no_grad()
+def teacher_forced_hits(target: TargetRunner, draft: DraftRunner, prompt: Tensor, answer: list[int]) -> tuple[int, int]:
+    """(hits, positions): over the answer's tokens after its first (the first comes from the
+    prefill, never from the draft), how often the draft's first token, fed the target's
+    features of the true prefix, equals the target's greedy token there. ``prompt`` [P];
+    ``answer``: the target's greedy tokens that followed it."""
+    if len(answer) < 2:
+        return 0, 0
+    seq = torch.cat([prompt, torch.tensor(answer[:-1], device=prompt.device)])  # x_0 .. x_{L-1}, L = P + A - 1
+    target.reset()
+    draft.reset()
+    greedy, features = target.forward(seq)  # greedy[i]: the target's x_{i+1}
+    _, predicted = draft.extend(torch.cat([seq[1:], greedy[-1:]]), features)  # predicted[i]: the draft's x_{i+2}
+    p = prompt.shape[0]
+    hits = predicted[p - 1 : -1] == greedy[p:]  # [A - 1]: x_{P+1} .. x_{P+A-1}
+    return int(hits.sum()), hits.numel()

@@ -30,6 +30,7 @@ EPOCH = "epoch"
 # (serving.eval / serving.pipeline): the number a draft is judged by
 EVAL_ACCEPT_LEN = "eval/accept_len"  # tau: tokens per target verify forward, bonus included (1 = none accepted)
 EVAL_ACCEPT_LEN_SE = "eval/accept_len_se"  # its standard error over the eval turns (delta method, serving.eval.ratio_se)
+EVAL_TF_ACC0 = "eval/tf_acc_0"  # the draft's first token on the eval answers with the true prefix everywhere (acc_0 there)
 EVAL_SPEC_CYCLES = "eval/spec_cycles"  # verify forwards the measurement ran
 EVAL_VERIFY_PROBLEMS = "eval/verify_problems"  # export verification problems, SGLang + vLLM (expect 0)
 

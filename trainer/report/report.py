@@ -70,6 +70,7 @@ def key_figures(summary: dict) -> list[tuple[str, str]]:
         ("wall time", None if summary.get("wall_time_s") is None else f"{summary['wall_time_s']:.1f} s"),
         ("held-out sim. accept length", _accept(summary)),
         ("real accept length τ (bonus incl.)", _tau(evals)),
+        ("teacher-forced acc_0, those answers", evals.get(M.EVAL_TF_ACC0)),
         ("serving-eval prompts", None if summary.get("eval_prompts") is None else describe_eval_prompts(summary["eval_prompts"])),
         ("export verify problems", None if evals.get(M.EVAL_VERIFY_PROBLEMS) is None else int(evals[M.EVAL_VERIFY_PROBLEMS])),
         ("held-out acc_0", evals.get(M.step_acc(0, "eval"))),
