@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from models.batch import TokenBatch
-from models.draft import DraftShape, Eagle3Draft, draft_shape_for
+from models.draft import Eagle3Draft, draft_shape_for
 from models.embedded import embedded_target_dir
 from models.target import HFTargetEngine, load_tokenizer
 from models.vocab_map import build_vocab_map, count_tokens
@@ -37,6 +37,7 @@ from serving.speculative.decode import Generation, speculative_generate, teacher
 from serving.speculative.draft_runner import DraftRunner
 from serving.speculative.target_runner import TargetRunner, greedy_generate
 from serving.verify import verify_export
+from tests.tiny import TINY_DRAFT
 from trainer.ttt import target_labels, ttt_unroll
 
 QUESTIONS = ["What is the capital of France?", "Tell me a joke about computers.", "How do I boil an egg?", "Why is the sky blue?"]
@@ -154,22 +155,8 @@ def test_miswired_server_is_flagged_and_accepts_about_one(target, fitted):
 
 def test_draft_runner_equals_the_ttt_unroll():
     """Serving (extend rows + chain steps on a KV cache) feeds back what the TTT unroll trains on."""
-    s = DraftShape(
-        hidden_size=32,
-        intermediate_size=48,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        target_hidden_size=24,
-        num_aux=3,
-        vocab_size=50,
-        draft_vocab_size=20,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        max_position_embeddings=64,
-    )
     torch.manual_seed(0)
-    draft = Eagle3Draft(s).eval()
+    draft = Eagle3Draft(TINY_DRAFT).eval()
     t, steps = 6, 3
     aux, ids = torch.randn(1, t, 72), torch.randint(0, 50, (1, t + steps))
     for norm_output in (False, True):

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -23,6 +23,7 @@ import torch
 
 from models.batch import FeatureBatch, TokenBatch
 from models.engines import PathTarget
+from tests.tiny import TINY_DRAFT
 from tests.toy_target import VOCAB, ToyTarget, make_batches
 from trainer.data import EncodedSample, PackedBatcher
 from trainer.stream.engine_process import EngineError
@@ -211,27 +212,14 @@ def test_packed_batches_colocated_equal_inprocess(hf_source):
 
 def test_losses_equal_over_steps(hf_source):
     """inprocess and colocated give identical TTT losses for the same seed over N optimizer steps."""
-    from models.draft import DraftShape, Eagle3Draft
+    from models.draft import Eagle3Draft
     from trainer.ttt import TargetLabeler, TTTObjective
 
     lm_head = hf_source.inprocess("cpu").lm_head_weight
     draft_ids = torch.arange(0, VOCAB, 2)
     t2d = torch.zeros(VOCAB, dtype=torch.bool)
     t2d[draft_ids] = True
-    shape = DraftShape(
-        hidden_size=32,
-        intermediate_size=48,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        target_hidden_size=64,
-        num_aux=3,
-        vocab_size=VOCAB,
-        draft_vocab_size=len(draft_ids),
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        max_position_embeddings=256,
-    )
+    shape = replace(TINY_DRAFT, target_hidden_size=64, vocab_size=VOCAB, draft_vocab_size=len(draft_ids))
 
     def losses(mode: Settings) -> list[float]:
         torch.manual_seed(7)

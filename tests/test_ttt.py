@@ -6,23 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.draft import DraftShape, Eagle3Draft
+from models.draft import Eagle3Draft
+from tests.tiny import TINY_DRAFT
 from trainer.ttt import shift_left, simulated_accept_length, step_valid, target_labels, ttt_unroll
-
-SHAPE = DraftShape(
-    hidden_size=32,
-    intermediate_size=48,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    target_hidden_size=24,
-    num_aux=3,
-    vocab_size=50,
-    draft_vocab_size=20,
-    rms_norm_eps=1e-6,
-    rope_theta=10000.0,
-    max_position_embeddings=256,
-)
 
 
 def _rope(x, positions, theta):
@@ -75,18 +61,18 @@ def reference_logits(draft: Eagle3Draft, input_ids, aux, k_last: int, norm_outpu
 
 def _problem(seed=0, b=2, t=12):
     torch.manual_seed(seed)
-    draft = Eagle3Draft(SHAPE)
+    draft = Eagle3Draft(TINY_DRAFT)
     for p in draft.parameters():
         torch.nn.init.normal_(p, std=0.3)
-    input_ids = torch.randint(0, SHAPE.vocab_size, (b, t))
+    input_ids = torch.randint(0, TINY_DRAFT.vocab_size, (b, t))
     lengths = torch.tensor([t, t - 3])
     loss_mask = torch.rand(b, t) > 0.3
-    aux = torch.randn(b, t, SHAPE.num_aux * SHAPE.target_hidden_size)
-    draft_ids = torch.sort(torch.randperm(SHAPE.vocab_size)[: SHAPE.draft_vocab_size]).values
-    t2d = torch.zeros(SHAPE.vocab_size, dtype=torch.bool)
+    aux = torch.randn(b, t, TINY_DRAFT.num_aux * TINY_DRAFT.target_hidden_size)
+    draft_ids = torch.sort(torch.randperm(TINY_DRAFT.vocab_size)[: TINY_DRAFT.draft_vocab_size]).values
+    t2d = torch.zeros(TINY_DRAFT.vocab_size, dtype=torch.bool)
     t2d[draft_ids] = True
     final = torch.randn(b, t, 16)
-    labels = target_labels(final, torch.randn(SHAPE.vocab_size, 16), draft_ids, t2d, chunk=7)
+    labels = target_labels(final, torch.randn(TINY_DRAFT.vocab_size, 16), draft_ids, t2d, chunk=7)
     return draft, input_ids, loss_mask, lengths, aux, labels, draft_ids
 
 
