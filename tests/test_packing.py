@@ -14,7 +14,8 @@ from models.attention import ttt_attention
 from models.batch import TokenBatch, document_positions
 from models.target import HFTargetEngine
 from tests.test_target import VOCAB, tiny_llama
-from tests.test_ttt import SHAPE, _problem
+from tests.test_ttt import _problem
+from tests.tiny import TINY_DRAFT
 from trainer.data import EncodedSample, PackedBatcher, first_fit_rows, next_fit_rows, pack_rows, pad_batch
 from trainer.ttt import step_valid, target_labels, ttt_unroll
 
@@ -183,17 +184,17 @@ def _place(batch: TokenBatch, rows: list[list[int]], feats) -> tuple[torch.Tenso
 @pytest.mark.parametrize("norm_output", [False, True])
 def test_ttt_loss_and_accuracy_packed_equal_padded(norm_output):
     draft, *_ = _problem()
-    docs = samples([7, 11, 5, 9, 12], seed=3, vocab=SHAPE.vocab_size)
+    docs = samples([7, 11, 5, 9, 12], seed=3, vocab=TINY_DRAFT.vocab_size)
     g = torch.Generator().manual_seed(4)
     feats = [
-        (torch.randn(len(d.input_ids), 3 * SHAPE.target_hidden_size, generator=g), torch.randn(len(d.input_ids), 16, generator=g))
+        (torch.randn(len(d.input_ids), 3 * TINY_DRAFT.target_hidden_size, generator=g), torch.randn(len(d.input_ids), 16, generator=g))
         for d in docs
     ]
     padded, packed = pad_batch(docs, pad_id=0), pack_rows([docs[0:2], docs[2:4], docs[4:]], pad_id=0)
-    draft_ids = torch.arange(0, SHAPE.vocab_size, 2)[: SHAPE.draft_vocab_size]
-    t2d = torch.zeros(SHAPE.vocab_size, dtype=torch.bool)
+    draft_ids = torch.arange(0, TINY_DRAFT.vocab_size, 2)[: TINY_DRAFT.draft_vocab_size]
+    t2d = torch.zeros(TINY_DRAFT.vocab_size, dtype=torch.bool)
     t2d[draft_ids] = True
-    lm_head = torch.randn(SHAPE.vocab_size, 16, generator=g)
+    lm_head = torch.randn(TINY_DRAFT.vocab_size, 16, generator=g)
     results = []
     for batch, rows in ((padded, [[0], [1], [2], [3], [4]]), (packed, [[0, 1], [2, 3], [4]])):
         aux, final = _place(batch, rows, feats)
