@@ -8,9 +8,10 @@ record of ``--prompts``), chat template applied by the target's tokenizer; greed
 ``--max-new-tokens`` each. Each variant opens its backend (timed: ``load_s``), generates a
 warm-up batch (the shortest prompts, the full budget: builds kernels, compiles; ``warmup_s``),
 then the timed run over its prompts (``VARIANTS``: a prompt count, the prompt list repeated to
-reach it). New tokens exclude the stop token. Variants run in the order given; each row of
-the table and JSON is written as soon as its variant ends, and the backend is closed before
-the next one starts (SGLang last by default: its engine takes most of the GPU's memory).
+reach it; ``-rN``: N replicas, ``trainer.datagen.replicas``, sharing each call's prompts).
+New tokens exclude the stop token. Variants run in the order given; each row of the table and
+JSON is written as soon as its variant ends, and the backend is closed before the next one
+starts (SGLang last by default: its engine takes most of the GPU's memory).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 
 from trainer.data import read_source  # noqa: E402
-from trainer.datagen.gen_backend import EngineSettings, GenerationSettings, chat_ids, open_backend  # noqa: E402
+from trainer.datagen.gen_backend import EngineSettings, GenerationSettings, chat_ids  # noqa: E402
+from trainer.datagen.replicas import open_generator  # noqa: E402
 from trainer.regenerate import prompt_conversations  # noqa: E402
 
 
@@ -45,7 +47,10 @@ VARIANTS = {  # the warm-up of a static-cache variant is one full batch: it comp
     "hf-b256": Variant(EngineSettings(), 256, 512, 16),
     "hf-b1024": Variant(EngineSettings(), 1024, 1024, 16),
     "hf-b256-static-compile": Variant(EngineSettings(static_cache=True, compile=True), 256, 512, 256),
+    "hf-b256-r4": Variant(EngineSettings(replicas=4), 1024, 2048, 64),  # 4 processes, 256 a batch each
     "sglang": Variant(EngineSettings(engine="sglang"), 4096, 3004, 64),
+    "sglang-r2": Variant(EngineSettings(engine="sglang", replicas=2), 4096, 3004, 64),
+    "sglang-r4": Variant(EngineSettings(engine="sglang", replicas=4), 4096, 3004, 64),
 }
 
 
@@ -68,7 +73,7 @@ def first_turns(prompts: Path | None) -> list[list[dict]]:
 def measure(name: str, variant: Variant, chats: list[list[dict]], args: argparse.Namespace) -> dict:
     engine = replace(variant.engine, target=args.target, attention_backend=args.attention_backend)
     start = time.perf_counter()
-    backend = open_backend(engine)
+    backend = open_generator(engine)
     load_s = time.perf_counter() - start
     try:
         ids = [chat_ids(backend.tokenizer, c) for c in chats]
@@ -92,6 +97,7 @@ def measure(name: str, variant: Variant, chats: list[list[dict]], args: argparse
         "variant": name,
         "engine": engine.engine,
         "batch_size": variant.batch_size,
+        "replicas": engine.replicas,
         "static_cache": engine.static_cache,
         "compile": engine.compile,
         "prompts": len(timed),

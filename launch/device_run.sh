@@ -12,7 +12,7 @@
 #                                                   # reuse earlier answers), training, tau
 #   launch/device_run.sh baseline CORPORA_DIR       # the embedded default recipe, tau on the same held-out files
 #   launch/device_run.sh study CORPORA_DIR          # data size x LR regime on the recipe's answers (waits for them)
-#   launch/device_run.sh genbench                   # generation speeds (transformers batches, SGLang)
+#   launch/device_run.sh genbench                   # generation speeds (transformers, SGLang; 1-4 replicas)
 #   launch/device_run.sh gputests                   # the whole gpu marker (two GPUs for the tensor-parallel tests)
 #   launch/device_run.sh dp CORPORA_DIR             # one GPU vs two data-parallel ranks (losses, tokens/s); SGLang tp_size 2
 #   launch/device_run.sh perfbench                  # trainer memory and the draft-step profile at 8B shapes; static cache
@@ -75,8 +75,10 @@ recipe)
   if [ -n "${ANSWERED:-}" ]; then  # answers brought back from an earlier machine (collect with DATA=1)
     gunzip -c "$ANSWERED" > $r/answered.jsonl
   else
-    phase regenerate python3 -m trainer.regenerate --engine sglang --prompts "$c"/train_prompts.jsonl.gz \
-      --output $r/answered.jsonl --max-new-tokens 256 2>&1 | clean > $r/regenerate.log
+    regen=(python3 -m trainer.regenerate --engine sglang --prompts "$c"/train_prompts.jsonl.gz --output $r/answered.jsonl
+      --max-new-tokens 256)
+    phase regenerate "${regen[@]}" --replicas "${REPLICAS:-4}" 2>&1 | clean > $r/regenerate.log
+    grep -q "conversations written" $r/regenerate.log || phase regenerate_1 "${regen[@]}" 2>&1 | clean >> $r/regenerate.log  # resumes
     tail -3 $r/regenerate.log
   fi
   touch $r/answered.done
@@ -112,7 +114,7 @@ study)
   ;;
 genbench)
   r=/tmp/res/benches; mkdir -p $r
-  python3 launch/bench_generate.py --variants hf-b16 hf-b256 hf-b1024 sglang --out $r/generate.json 2>&1 \
+  python3 launch/bench_generate.py --variants hf-b256 hf-b256-r4 sglang sglang-r2 sglang-r4 --out $r/generate.json 2>&1 \
     | clean > $r/generate.log; tail -8 $r/generate.log
   ;;
 perfbench)

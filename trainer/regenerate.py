@@ -61,9 +61,9 @@ from trainer.datagen.gen_backend import (  # noqa: E402
     GenerationSettings,
     default_batch_size,
     generate_chats,
-    open_backend,
     resolve_engine,
 )
+from trainer.datagen.replicas import open_generator  # noqa: E402
 
 
 @dataclass
@@ -237,8 +237,15 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
         "--batch-size",
         type=int,
         default=None,
-        help="hf: prompts per generate batch (default 256 on a GPU, 16 on the "
-        "CPU); sglang: prompts per engine call (default 2048), written per call",
+        help="prompts per call, written per call and dealt out among the replicas: hf: per generate batch (default "
+        "256 on a GPU, 16 on the CPU, times --replicas); sglang: per engine call (default 2048 times --replicas)",
+    )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="engines generating at once, each in its own process on the same device (SGLang's scheduler is "
+        "CPU-bound with a small target: a replica per core it can use)",
     )
     p.add_argument("--device", default="auto", help="hf: auto | cpu | cuda | cuda:N")
     p.add_argument(
@@ -262,8 +269,9 @@ def engine_of(args: argparse.Namespace) -> tuple[EngineSettings, int]:
         args.attention_backend,
         args.mem_fraction_static,
         args.seed,
+        args.replicas,
     )
-    return engine, args.batch_size or default_batch_size(resolve_engine(args.engine), args.device)
+    return engine, args.batch_size or default_batch_size(resolve_engine(args.engine), args.device) * args.replicas
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -302,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> RegenReport:
         skipped = {k: v for k, v in stats.as_dict().items() if v and k in ("malformed", "no_assistant", "duplicates")}
         extras, described = None, f"source {args.format}: {stats.conversations} conversations (skipped: {skipped or 'none'})"
     convs, extras = convs[: args.limit], extras and extras[: args.limit]
-    backend = open_backend(engine)
+    backend = open_generator(engine)
     try:
         print(f"{described}; regenerating {len(convs)} with {backend.path} ({backend.name}, {batch_size} a batch)")
         report = regenerate(convs, backend, args.output, settings, generation_meta(backend, settings), extras=extras)

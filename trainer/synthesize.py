@@ -34,7 +34,8 @@ from typing import Sequence
 
 from trainer.config import DataConfig, DataSourceConfig
 from trainer.data import FORMATS, read_chatterbot, read_source
-from trainer.datagen.gen_backend import GenerationSettings, open_backend
+from trainer.datagen.gen_backend import GenerationSettings
+from trainer.datagen.replicas import open_generator
 from trainer.datagen.synth.filters import FilterSettings
 from trainer.datagen.synth.instructions import Example, Planner, examples_of
 from trainer.datagen.synth.pipeline import Synthesizer, SynthReport, SynthSettings
@@ -105,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> SynthReport:
     pool, known, split = source_side(args)
     categories = {k: v for k, v in CATEGORIES.items() if k not in set(args.holdout_categories or ())}
     planner = Planner(categories, pool, args.seed, args.shots, args.follow_up_fraction)
-    backend = open_backend(engine)
+    backend = open_generator(engine)
     try:
         meta = {
             "generator": str(backend.path),

@@ -70,8 +70,11 @@ class EngineSettings:
     attention_backend: str = "triton"  # sglang
     mem_fraction_static: float = 0.8  # sglang
     seed: int = 0  # sglang: the engine's random seed
+    replicas: int = 1  # engines generating at once, each in its own process (trainer.datagen.replicas)
 
     def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"--replicas must be >= 1, got {self.replicas}")
         if self.engine not in ENGINES:
             raise ValueError(f"--engine must be one of {ENGINES}, got {self.engine!r}")
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -137,11 +140,17 @@ def resolve_engine(engine: str) -> str:
     return "sglang" if torch.cuda.is_available() and importlib.util.find_spec("sglang") is not None else "hf"
 
 
+def target_path(settings: EngineSettings) -> Path:
+    """The target ``settings`` name: ``--target``, or the embedded SmolLM2 dir (built on first use)."""
+    return Path(settings.target).expanduser() if settings.target is not None else _embedded_dir()
+
+
 def open_backend(settings: EngineSettings) -> Backend:
-    """The backend ``settings.engine`` names (``auto`` resolved), loaded and ready."""
+    """The one backend ``settings.engine`` names (``auto`` resolved), loaded and ready in this
+    process (``settings.replicas`` is ``trainer.datagen.replicas``' concern)."""
     from models.target import load_tokenizer
 
-    path = Path(settings.target).expanduser() if settings.target is not None else _embedded_dir()
+    path = target_path(settings)
     if resolve_engine(settings.engine) == "sglang":
         if path.is_file():
             raise ValueError(f"--engine sglang needs a transformers dir as --target, got the file {path}")

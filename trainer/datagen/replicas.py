@@ -1,0 +1,151 @@
+"""Several generation engines at once (``--replicas N``), each in its own worker process.
+
+SGLang's scheduler walks its running requests in Python at every decode step; with a small
+target (SmolLM2-135M) that one process sits at 100 % of a CPU core while the GPU idles
+(docs/BENCHMARKS.md §10). N replicas are N engines on the same device, each with its own
+scheduler on its own core. A call deals its prompts out round-robin (every replica gets the
+same mix of lengths), the replicas generate at the same time, and the replies come back in
+prompt order.
+
+The replicas start one after another, each once the one before it is ready: SGLang sizes its
+KV pool as a fraction of the GPU memory free when it starts, so replica k (from 0) gets
+``share / (1 - k * share)`` of what it finds, ``share = mem_fraction_static / N``, and each ends
+up with ``share`` of the memory the first one found. transformers replicas on the CPU split
+the cores between them.
+
+A replica that fails to start or to generate stops the call with its traceback; one that dies
+(killed, out of memory) is named with its exit code.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import traceback
+from dataclasses import replace
+from typing import Sequence
+
+from trainer.datagen.gen_backend import Backend, EngineSettings, GenerationSettings, Reply, open_backend, target_path
+
+STOP = None  # the message that ends a worker
+
+
+def replica_settings(settings: EngineSettings, k: int) -> EngineSettings:
+    """Replica ``k``'s settings: one engine, its memory fraction of what is free when it starts,
+    its own seed."""
+    n = settings.replicas
+    share = settings.mem_fraction_static / n
+    return replace(settings, replicas=1, mem_fraction_static=share / (1 - k * share), seed=settings.seed + k)
+
+
+def _serve(conn, settings: EngineSettings, threads: int) -> None:
+    """A worker: open one backend, then answer (prompts, settings, seed) messages until STOP."""
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        backend = open_backend(settings)
+    except Exception:
+        conn.send(("error", traceback.format_exc()))
+        return
+    try:
+        conn.send(("ready", backend.name, list(backend.stop_ids)))
+        while (msg := conn.recv()) is not STOP:
+            try:
+                conn.send(("ok", backend.generate(*msg)))
+            except Exception:
+                conn.send(("error", traceback.format_exc()))
+    finally:
+        backend.close()
+
+
+class ReplicatedBackend:
+    """``settings.replicas`` backends in worker processes behind the one Backend interface."""
+
+    def __init__(self, settings: EngineSettings):
+        from models.target import load_tokenizer
+
+        if settings.replicas < 2:
+            raise ValueError(f"ReplicatedBackend needs replicas >= 2, got {settings.replicas}")
+        self.path = target_path(settings)
+        self.tokenizer = load_tokenizer(self.path)
+        self.n = settings.replicas
+        self.procs: list[mp.Process] = []
+        self.conns = []
+        threads = max(1, (os.cpu_count() or 1) // settings.replicas)
+        ctx = mp.get_context("spawn")  # CUDA and SGLang's own subprocesses need a fresh interpreter
+        try:
+            for k in range(settings.replicas):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=_serve, args=(child, replica_settings(settings, k), threads), name=f"replica-{k}")
+                proc.start()
+                child.close()
+                self.procs.append(proc)
+                self.conns.append(parent)
+                _, name, stop_ids = self._receive(k, "ready")
+            self.name, self.stop_ids = name, stop_ids
+        except BaseException:
+            self.close()
+            raise
+
+    def _died(self, k: int) -> RuntimeError:
+        self.procs[k].join(timeout=5)
+        return RuntimeError(f"generation replica {k} of {self.n} died (exit code {self.procs[k].exitcode})")
+
+    def _receive(self, k: int, expected: str) -> tuple:
+        try:
+            msg = self.conns[k].recv()
+        except EOFError:
+            raise self._died(k) from None
+        if msg[0] == "error":
+            raise RuntimeError(f"generation replica {k} of {self.n} failed:\n{msg[1]}")
+        if msg[0] != expected:
+            raise RuntimeError(f"generation replica {k} answered {msg[0]!r}, expected {expected!r}")
+        return msg
+
+    def generate(self, prompts: Sequence[Sequence[int]], settings: GenerationSettings, seed: int) -> list[Reply]:
+        n = self.n
+        parts = [list(range(k, len(prompts), n)) for k in range(n)]  # round-robin: the same mix of lengths each
+        sent, failures = [], []
+        for k, part in enumerate(parts):
+            if not part:
+                continue
+            try:
+                self.conns[k].send(([list(prompts[i]) for i in part], settings, seed * n + k))
+                sent.append(k)
+            except OSError:  # BrokenPipeError: the worker is gone
+                failures.append(self._died(k))
+        replies: list[Reply | None] = [None] * len(prompts)
+        for k in sent:  # every sent call is received, even after a failed one
+            try:
+                got = self._receive(k, "ok")[1]
+            except RuntimeError as err:
+                failures.append(err)
+                continue
+            for i, reply in zip(parts[k], got):
+                replies[i] = reply
+        if failures:
+            raise failures[0]
+        return replies  # type: ignore[return-value]
+
+    def close(self) -> None:
+        for conn, proc in zip(self.conns, self.procs):
+            if proc.is_alive():
+                try:
+                    conn.send(STOP)
+                except (BrokenPipeError, OSError):
+                    pass
+        for proc in self.procs:
+            proc.join(timeout=60)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for conn in self.conns:
+            conn.close()
+        self.procs, self.conns = [], []
+
+
+def open_generator(settings: EngineSettings) -> Backend:
+    """The backend ``settings`` names: one engine in this process, or ``settings.replicas``
+    engines in worker processes."""
+    return ReplicatedBackend(settings) if settings.replicas > 1 else open_backend(settings)
