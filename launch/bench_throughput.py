@@ -56,7 +56,9 @@ from models.batch import FeatureBatch, TokenBatch  # noqa: E402
 from models.draft import DraftShape, Eagle3Draft, draft_shape_for  # noqa: E402
 from models.engines import RandomTarget, TargetFactory  # noqa: E402
 from models.sglang_target import SGLangTarget  # noqa: E402
+from trainer.config import ScheduleConfig  # noqa: E402
 from trainer.flops import H200_BF16_PEAK_TFLOPS, flops_per_token  # noqa: E402
+from trainer.schedule import draft_optimizer  # noqa: E402
 from trainer.stream.feature_stream import TargetSource, open_feature_stream  # noqa: E402
 from trainer.ttt import TargetLabeler, TTTObjective, draft_step  # noqa: E402
 
@@ -162,10 +164,7 @@ def make_objective(st: Setup) -> tuple[TTTObjective, torch.optim.Optimizer]:
     draft.to(st.dtype)
     objective = TTTObjective(draft, st.args.ttt, 0.8, False)
     params = [p for p in objective.parameters() if p.requires_grad]
-    fused = st.device.type == "cuda"
-    return objective, torch.optim.AdamW(
-        params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.01, fused=fused, foreach=False if not fused else None
-    )
+    return objective, draft_optimizer(params, ScheduleConfig(lr=1e-4), st.device)  # the trainer's AdamW
 
 
 def sync(device: torch.device) -> None:

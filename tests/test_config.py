@@ -3,12 +3,13 @@
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from trainer.config import Config, register_schema, to_config
-from trainer.schedule import lr_factor, warmup_steps
+from trainer.config import Config, ScheduleConfig, register_schema, to_config
+from trainer.schedule import draft_optimizer, lr_factor, warmup_steps
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
@@ -82,3 +83,18 @@ def test_a_missing_mandatory_value_names_the_key(group):
     with pytest.raises(ValueError, match=r"config target.path: mandatory value missing .* target.path="):
         _compose(group)
     assert _compose(group, "target.path=/models/x").target.path == "/models/x"
+
+
+def test_the_draft_optimizer_is_fused_on_a_gpu_and_takes_the_same_step():
+    cfg = ScheduleConfig(lr=1e-2, weight_decay=0.1, betas=[0.8, 0.9])
+    torch.manual_seed(0)
+    start, weights = torch.randn(4, 3), []
+    for device in ("cpu", "cuda"):  # the CPU params run the fused kernel's CPU twin when the run is on a GPU
+        w = torch.nn.Parameter(start.clone())
+        opt = draft_optimizer([w], cfg, torch.device(device))
+        assert opt.defaults["fused"] is (device == "cuda") and opt.defaults["betas"] == (0.8, 0.9)
+        for _ in range(3):
+            w.grad = torch.full_like(w, 0.5)
+            opt.step()
+        weights.append(w.detach())
+    assert torch.allclose(weights[0], weights[1], atol=1e-6) and not torch.allclose(weights[0], start, atol=1e-3)

@@ -17,7 +17,7 @@ from trainer.config import Config
 from trainer.data import EncodedSample, MixLoader, token_batches
 from trainer.dist import Parallel
 from trainer.flops import device_peak_tflops
-from trainer.schedule import lr_factor
+from trainer.schedule import draft_optimizer, lr_factor
 from trainer.sources import PreparedData, TargetBundle, load_target, prepare_data, target_recipe, train_batcher
 from trainer.stream.feature_stream import TargetSource
 from trainer.ttt import TargetLabeler, TTTObjective
@@ -110,7 +110,7 @@ def build(cfg: Config, par: Parallel, ckpt_root: Path) -> Built:
         vocab=vocab,
         labeler=labeler,
         total_steps=total,
-        ds_model=deepspeed_model(cfg, target, shape, vocab, total, dtype),
+        ds_model=deepspeed_model(cfg, target, shape, vocab, total, dtype, par.device),
         peak_tflops=device_peak_tflops(cfg.trainer.peak_tflops, par.device.type),
     )
 
@@ -154,7 +154,9 @@ def deepspeed_config(cfg: Config, bf16: bool) -> dict:
     }
 
 
-def deepspeed_model(cfg: Config, target: TargetBundle, shape: DraftShape, vocab: VocabMap, total: int, dtype: torch.dtype):
+def deepspeed_model(
+    cfg: Config, target: TargetBundle, shape: DraftShape, vocab: VocabMap, total: int, dtype: torch.dtype, device: torch.device
+):
     """The draft, initialised from the target's embedding and lm_head, in its TTT objective under DeepSpeed."""
     import deepspeed
 
@@ -164,7 +166,7 @@ def deepspeed_model(cfg: Config, target: TargetBundle, shape: DraftShape, vocab:
     objective = TTTObjective(draft, cfg.draft.ttt_steps, cfg.draft.step_decay, cfg.draft.norm_output)
     params = [p for p in objective.parameters() if p.requires_grad]
     s = cfg.schedule
-    opt = torch.optim.AdamW(params, lr=s.lr, betas=tuple(s.betas), weight_decay=s.weight_decay, fused=False, foreach=False)
+    opt = draft_optimizer(params, s, device)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(s, step, total))
     config = deepspeed_config(cfg, dtype == torch.bfloat16)
     engine, *_ = deepspeed.initialize(model=objective, optimizer=opt, lr_scheduler=sched, config=config)

@@ -1,8 +1,11 @@
-"""Learning-rate schedules: linear warmup, then cosine decay or a constant LR."""
+"""The draft's optimizer (AdamW) and its learning-rate schedules: linear warmup, then cosine
+decay or a constant LR."""
 
 from __future__ import annotations
 
 import math
+
+import torch
 
 from trainer.config import ScheduleConfig
 
@@ -21,3 +24,10 @@ def lr_factor(cfg: ScheduleConfig, step: int, total_steps: int) -> float:
     progress = (step - warm) / max(1, total_steps - warm)
     cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * cosine
+
+
+def draft_optimizer(params: list[torch.nn.Parameter], cfg: ScheduleConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW over the draft's trainable parameters: one fused kernel per step on a GPU (what
+    launch/bench_throughput.py times), the per-parameter loop elsewhere."""
+    fused = device.type == "cuda"
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, fused=fused, foreach=False)
