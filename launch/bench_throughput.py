@@ -7,7 +7,8 @@
 
 Needs only torch, transformers and numpy (no DeepSpeed, Hydra or wandb): the draft
 (``models.draft``), its TTT objective (``trainer.ttt``) and a torch AdamW are built
-directly. The target is Llama-3.1-8B-shaped with seeded random bf16 weights (sdpa); every
+directly. The target (``--target``) is Llama-3.1-8B-shaped (the default) or SmolLM2-135M-shaped
+(the embedded target, the ``h200_quality`` recipe's) with seeded random bf16 weights (sdpa); every
 mode reads the same token batches (``--rows`` x ``--seq``) and trains a draft from the same
 seed, so features and losses can be compared across modes.
 
@@ -79,6 +80,21 @@ LLAMA_8B = dict(
     rope_theta=500000.0,
     tie_word_embeddings=False,
 )
+SMOLLM2_135M = dict(  # SmolLM2-135M-Instruct's config.json, the embedded target
+    model_type="llama",
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+)
+TARGETS = {"llama-8b": LLAMA_8B, "smollm2-135m": SMOLLM2_135M}
 TINY = dict(
     model_type="llama",
     vocab_size=512,
@@ -126,7 +142,7 @@ def make_setup(args: argparse.Namespace) -> Setup:
 
     device = torch.device(args.device)
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    target_cfg = dict(TINY if args.tiny else LLAMA_8B)
+    target_cfg = dict(TINY if args.tiny else TARGETS[args.target])
     fields = {k: v for k, v in target_cfg.items() if k != "model_type"}
     config = AutoConfig.for_model(target_cfg["model_type"], **fields)
     shape = draft_shape_for(config, 3, args.draft_vocab)
@@ -337,7 +353,7 @@ def run_sglang(st: Setup) -> dict:
     from transformers import AutoConfig
 
     fields = {k: v for k, v in st.target_cfg.items() if k != "model_type"}
-    config = AutoConfig.for_model(st.target_cfg["model_type"], architectures=["LlamaForCausalLM"], **fields)  # LLAMA_8B, TINY
+    config = AutoConfig.for_model(st.target_cfg["model_type"], architectures=["LlamaForCausalLM"], **fields)  # TARGETS, TINY
     with tempfile.TemporaryDirectory(prefix="streamdraft-sglang-target-") as path:
         config.save_pretrained(path)
         factory = SGLangTarget(
@@ -487,6 +503,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a smoke test of this script)")
     p.add_argument("--profile", action="store_true", help="profile the draft step and time kernel variants instead")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma list of {MODES}")
+    p.add_argument("--target", default="llama-8b", choices=list(TARGETS), help="the target's shapes (random weights)")
     p.add_argument("--device", default=None, help="default: cuda, or cpu with --tiny")
     p.add_argument("--rows", type=int, default=None, help="sequences per batch (default 4; tiny 2)")
     p.add_argument("--seq", type=int, default=None, help="tokens per sequence (default 2048; tiny 64)")

@@ -121,6 +121,12 @@ perfbench)
   r=/tmp/res/benches; mkdir -p $r
   python3 launch/bench_trainer_memory.py --device cuda --tmp /tmp --out $r/memory.json > $r/memory.log 2>&1; tail -6 $r/memory.log
   python3 launch/bench_throughput.py --profile --out $r/profile.json > $r/profile.log 2>&1; tail -30 $r/profile.log
+  for rows in 8 32; do  # the recipe's shapes: SmolLM2-135M target, 16K and 64K tokens a batch
+    python3 launch/bench_throughput.py --target smollm2-135m --rows $rows --modes colocated,sglang --out $r/smol_r$rows.json \
+      > $r/smol_r$rows.log 2>&1; tail -8 $r/smol_r$rows.log
+  done
+  python3 launch/bench_throughput.py --target smollm2-135m --rows 8 --profile --out $r/smol_profile.json > $r/smol_profile.log 2>&1
+  tail -30 $r/smol_profile.log
   python3 launch/bench_generate.py --variants hf-b256-static-compile --out $r/generate_static.json 2>&1 \
     | clean > $r/generate_static.log; tail -4 $r/generate_static.log
   ;;
