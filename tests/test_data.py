@@ -268,6 +268,39 @@ def test_mask_keeps_content_whitespace_and_drops_template_newline(tokenizer, eng
     assert _masked_runs(tokenizer, sample) == [m["content"] + "<|im_end|>" for m in code if m["role"] == "assistant"]
 
 
+def _walked_mask(offsets, spans):
+    """The token-by-token walk the mask is defined by (a reference for the vectorised one)."""
+    mask, straddling, k = [], 0, 0
+    for start, end in offsets:
+        while k < len(spans) and spans[k][1] <= start:
+            k += 1
+        inside = k < len(spans) and spans[k][0] <= start and end <= spans[k][1] and end > start
+        straddling += k < len(spans) and not inside and start < spans[k][1] and end > spans[k][0]
+        mask.append(inside)
+    return mask, straddling
+
+
+def test_the_vectorised_mask_is_the_walk_over_random_offsets():
+    rng = random.Random(5)
+    for _ in range(300):
+        cuts = sorted(rng.sample(range(1, 80), rng.randrange(0, 9)))
+        spans = [(a, b) for a, b in zip(cuts[::2], cuts[1::2]) if a < b]
+        offsets, pos = [], 0
+        for _ in range(rng.randrange(0, 40)):
+            start = max(0, pos - rng.choice([0, 0, 0, 1, 3]))  # mostly ascending; byte tokens share or step back
+            end = start + rng.choice([0, 1, 1, 2, 3, 5])  # zero-width tokens too
+            offsets.append((start, end))
+            pos = end
+        assert data.chat._mask_from_offsets(offsets, spans) == _walked_mask(offsets, spans), (offsets, spans)
+
+
+def test_conversations_encoded_together_equal_each_alone(tokenizer, english, monkeypatch):
+    convs = english[0][:40]
+    monkeypatch.setattr(data.chat, "ENCODE_CHUNK", 7)  # several tokenizer calls, the last one short
+    together, _ = data.encode_conversations(tokenizer, convs, max_len=4096)
+    assert together == [data.encode_conversation(tokenizer, c, max_len=4096) for c in convs]
+
+
 def test_trailing_user_turn_is_not_rendered(tokenizer):
     assert data.encode_conversation(tokenizer, CONV[:3], 4096) == data.encode_conversation(tokenizer, CONV[:2], 4096)
 

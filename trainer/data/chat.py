@@ -17,14 +17,18 @@ e.g. reasoning templates that strip past thinking); ``train_thinking=False`` rem
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
 
 from trainer.data.conversation import Conversation, check_conversation, trainable
 from trainer.data.stats import DatasetStats
 
 Span = tuple[int, int]  # [start, end) character offsets in the rendered text
 OVERLONG = ("truncate", "drop")
+ENCODE_CHUNK = 1024  # conversations per tokenizer call
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,7 @@ def assistant_spans(tokenizer, conv: Conversation, last_turn_only: bool = False)
     spans = []
     for i in [last] if last_turn_only else turns:
         prompt = _render(tokenizer, messages[:i], generation_prompt=True)
-        turn = _render(tokenizer, messages[: i + 1], generation_prompt=False)
+        turn = text if i == last else _render(tokenizer, messages[: i + 1], generation_prompt=False)
         if not turn.startswith(prompt):
             raise ValueError(
                 f"chat template problem: the generation prompt for messages[:{i}] is not a prefix of the "
@@ -131,27 +135,44 @@ def subtract(spans: Sequence[Span], holes: Sequence[Span]) -> list[Span]:
 
 def _mask_from_offsets(offsets: Sequence[tuple[int, int]], spans: Sequence[Span]) -> tuple[list[bool], int]:
     """True for tokens whose [start, end) lies inside a span; also counts tokens that cross a
-    span edge (they stay False). Offsets and spans are both ascending."""
-    mask, straddling, k = [], 0, 0
-    for start, end in offsets:
-        while k < len(spans) and spans[k][1] <= start:
-            k += 1
-        inside = k < len(spans) and spans[k][0] <= start and end <= spans[k][1] and end > start
-        straddling += k < len(spans) and not inside and start < spans[k][1] and end > spans[k][0]
-        mask.append(inside)
-    return mask, straddling
+    span edge (they stay False). Spans are ascending and disjoint."""
+    if not spans or not len(offsets):
+        return [False] * len(offsets), 0
+    tok = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)  # [N, 2] character [start, end) per token
+    span = np.asarray(spans, dtype=np.int64)  # [S, 2]
+    start, end = tok[:, 0], tok[:, 1]
+    k = np.maximum.accumulate(np.searchsorted(span[:, 1], start, side="right"))  # [N] first span ending after the
+    # token's start (and after every earlier token's: the walk over ascending offsets never steps back)
+    has = k < len(span)
+    lo, hi = span[np.minimum(k, len(span) - 1)].T  # [N], [N] that span's edges (unused where not has)
+    inside = has & (lo <= start) & (end <= hi) & (end > start)
+    straddling = has & ~inside & (start < hi) & (end > lo)
+    return inside.tolist(), int(straddling.sum())
+
+
+def _sample(text: str, spans: list[Span], ids: Sequence[int], offsets: Sequence[tuple[int, int]], policy: MaskPolicy) -> EncodedSample:
+    """The sample of a rendered conversation from its tokens and their character offsets."""
+    thinking = [] if policy.train_thinking else thinking_spans(text, spans, policy.think_tags)
+    mask, straddling = _mask_from_offsets(offsets, subtract(spans, thinking))
+    thought = sum(_mask_from_offsets(offsets, thinking)[0]) if thinking else 0
+    return EncodedSample(list(ids), mask, boundary_tokens=straddling, thinking_tokens=thought)
 
 
 def encode_full(tokenizer, conv: Conversation, policy: MaskPolicy = MaskPolicy()) -> EncodedSample:
     """Tokens and loss mask of one whole conversation (no length policy). Needs a fast
     tokenizer (offset mapping)."""
-    text, spans = assistant_spans(tokenizer, conv, policy.last_turn_only)
-    thinking = [] if policy.train_thinking else thinking_spans(text, spans, policy.think_tags)
-    encoded = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
-    offsets = encoded["offset_mapping"]
-    mask, straddling = _mask_from_offsets(offsets, subtract(spans, thinking))
-    thought = sum(_mask_from_offsets(offsets, thinking)[0]) if thinking else 0
-    return EncodedSample(list(encoded["input_ids"]), mask, boundary_tokens=straddling, thinking_tokens=thought)
+    return next(encode_many(tokenizer, [conv], policy))
+
+
+def encode_many(tokenizer, convs: Iterable[Conversation], policy: MaskPolicy = MaskPolicy()) -> Iterator[EncodedSample]:
+    """``encode_full`` of each conversation, in order; the texts go to the tokenizer
+    ``ENCODE_CHUNK`` at a time (one call encodes them on all cores)."""
+    convs = iter(convs)
+    while chunk := list(itertools.islice(convs, ENCODE_CHUNK)):
+        rendered = [assistant_spans(tokenizer, conv, policy.last_turn_only) for conv in chunk]
+        encoded = tokenizer([text for text, _ in rendered], return_offsets_mapping=True, add_special_tokens=False)
+        for (text, spans), ids, offsets in zip(rendered, encoded["input_ids"], encoded["offset_mapping"]):
+            yield _sample(text, spans, ids, offsets, policy)
 
 
 def fit_length(sample: EncodedSample, max_len: int, overlong: str) -> tuple[EncodedSample | None, str | None]:
@@ -191,8 +212,8 @@ def encode_conversations(
     fresh one) with the encoding counters added."""
     stats = dataclasses.replace(stats) if stats is not None else DatasetStats()
     samples = []
-    for conv in convs:
-        sample, dropped = fit_length(encode_full(tokenizer, conv, policy), max_len, overlong)
+    for full in encode_many(tokenizer, convs, policy):
+        sample, dropped = fit_length(full, max_len, overlong)
         if dropped == "overlong":
             stats.overlong_dropped += 1
         elif dropped == "no_masked_token":
