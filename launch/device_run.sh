@@ -93,6 +93,11 @@ recipe)
   phase tau python3 -m serving.sglang_eval $run/export/sglang --prompts "$c"/heldout_sharegpt.jsonl "$c"/heldout_codeio.jsonl \
     "$c"/heldout_evals.jsonl --k 6 3 --max-new-tokens 128 --json $r/tau.json > $r/tau.log 2>&1
   grep "tau =" $r/tau.log || tail -20 $r/tau.log
+  for f in sharegpt codeio evals; do  # the trainer's own decoding: tau and tf_acc_0 (teacher-forced first token) per file
+    phase "eval_$f" python3 -m serving.eval $run/export/sglang --prompts "$c"/heldout_$f.jsonl --limit 32 --k 6 --device cuda \
+      --dtype bfloat16 --json $r/eval_$f.json > $r/eval_$f.log 2>&1
+    tail -n 12 $r/eval_$f.log
+  done
   ;;
 baseline)
   c=$2 r=/tmp/res/baseline; mkdir -p $r
