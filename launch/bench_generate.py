@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 
 from trainer.data import read_source  # noqa: E402
-from trainer.datagen.gen_backend import EngineSettings, GenerationSettings, chat_ids  # noqa: E402
+from trainer.datagen.gen_backend import EngineSettings, GenerationSettings, chat_ids, engine_arg  # noqa: E402
 from trainer.datagen.replicas import open_generator  # noqa: E402
 from trainer.regenerate import prompt_conversations  # noqa: E402
 
@@ -72,6 +72,8 @@ def first_turns(prompts: Path | None) -> list[list[dict]]:
 
 def measure(name: str, variant: Variant, chats: list[list[dict]], args: argparse.Namespace) -> dict:
     engine = replace(variant.engine, target=args.target, attention_backend=args.attention_backend)
+    if engine.engine == "sglang":
+        engine = replace(engine, sglang_args=tuple(engine_arg(a) for a in args.sglang_arg))
     start = time.perf_counter()
     backend = open_generator(engine)
     load_s = time.perf_counter() - start
@@ -98,6 +100,7 @@ def measure(name: str, variant: Variant, chats: list[list[dict]], args: argparse
         "engine": engine.engine,
         "batch_size": variant.batch_size,
         "replicas": engine.replicas,
+        "sglang_args": dict(engine.sglang_args),
         "static_cache": engine.static_cache,
         "compile": engine.compile,
         "prompts": len(timed),
@@ -118,6 +121,7 @@ def main() -> None:
     p.add_argument("--target", default=None, help="local transformers dir (default: the embedded SmolLM2 target)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--attention-backend", default="triton", help="sglang")
+    p.add_argument("--sglang-arg", action="append", default=[], metavar="KEY=VALUE", help="sglang variants: a ServerArgs field")
     args = p.parse_args()
     chats = first_turns(args.prompts)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"

@@ -255,3 +255,24 @@ def test_engine_choice_and_batch_defaults_on_the_cpu():
         G.EngineSettings(engine="vllm")
     with pytest.raises(ValueError, match="options of --engine hf"):
         G.EngineSettings(engine="sglang", static_cache=True)
+
+
+def test_sglang_args_are_typed_checked_and_reach_the_settings():
+    assert [G.engine_arg(a) for a in ("cuda_graph_max_bs_decode=512", "schedule_conservativeness=0.3", "enable_metrics=False")] == [
+        ("cuda_graph_max_bs_decode", 512),
+        ("schedule_conservativeness", 0.3),
+        ("enable_metrics", False),
+    ]
+    assert G.engine_arg("log_level=warning") == ("log_level", "warning")
+    with pytest.raises(ValueError, match="expected KEY=VALUE"):
+        G.engine_arg("cuda_graph_max_bs_decode")
+    with pytest.raises(ValueError, match="mem_fraction_static: use --mem-fraction-static"):
+        G.EngineSettings(engine="sglang", sglang_args=(("mem_fraction_static", 0.5),))
+    with pytest.raises(ValueError, match="add --engine sglang"):
+        G.EngineSettings(engine="hf", sglang_args=(("log_level", "info"),))
+    args = R._parser().parse_args(["--output", "o.jsonl", "--engine", "sglang", "--sglang-arg", "max_running_requests=4096"])
+    assert R.engine_of(args)[0].sglang_args == (("max_running_requests", 4096),)
+    known = ["cuda_graph_max_bs_decode", "cuda_graph_max_bs_prefill", "max_running_requests"]
+    G.check_engine_args((("max_running_requests", 1),), known, "0.5.14")
+    with pytest.raises(ValueError, match=r"cuda_graph_max_bs: not a field of SGLang 0.5.14's ServerArgs \(close: cuda_graph_max_bs_"):
+        G.check_engine_args((("cuda_graph_max_bs", 512),), known, "0.5.14")

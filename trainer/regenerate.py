@@ -60,6 +60,7 @@ from trainer.datagen.gen_backend import (  # noqa: E402
     EngineSettings,
     GenerationSettings,
     default_batch_size,
+    engine_arg,
     generate_chats,
     resolve_engine,
 )
@@ -255,6 +256,13 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true", help="hf with --static-cache: compile the decode step (GPU)")
     p.add_argument("--attention-backend", default="triton", help="sglang: attention kernels (default triton; fa3 needs its wheel)")
     p.add_argument("--mem-fraction-static", type=float, default=0.8, help="sglang: GPU memory share for weights and KV cache")
+    p.add_argument(
+        "--sglang-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="sglang: another field of SGLang's ServerArgs (repeatable), e.g. cuda_graph_max_bs_decode=512",
+    )
 
 
 def engine_of(args: argparse.Namespace) -> tuple[EngineSettings, int]:
@@ -270,6 +278,7 @@ def engine_of(args: argparse.Namespace) -> tuple[EngineSettings, int]:
         args.mem_fraction_static,
         args.seed,
         args.replicas,
+        tuple(engine_arg(a) for a in args.sglang_arg),
     )
     return engine, args.batch_size or default_batch_size(resolve_engine(args.engine), args.device) * args.replicas
 

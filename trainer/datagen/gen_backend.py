@@ -22,6 +22,8 @@ token, their text, the finish reason (``stop``: the model ended it, ``length``:
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -40,6 +42,27 @@ ENGINES = ("hf", "sglang", "auto")
 FINISHES = ("stop", "length")
 STATIC_PAD = 64  # static cache: prompts padded to a multiple of this, so compiled shapes repeat
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SGLANG_SET = {  # ServerArgs fields the backend sets itself, and how to change them
+    "model_path": "the target is --target",
+    "skip_tokenizer_init": "always true here (token ids in and out)",
+    "attention_backend": "use --attention-backend",
+    "mem_fraction_static": "use --mem-fraction-static (replicas share it)",
+    "random_seed": "use --seed",
+    "dtype": "use --dtype",
+}
+
+
+def engine_arg(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` (``--sglang-arg``) as (KEY, VALUE): an int, a float, true / false, or the text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"--sglang-arg {text!r}: expected KEY=VALUE, e.g. cuda_graph_max_bs=512")
+    for kind in (int, float):
+        try:
+            return key.strip(), kind(value)
+        except ValueError:
+            pass
+    return key.strip(), {"true": True, "false": False}.get(value.lower(), value)
 
 
 @dataclass(frozen=True)
@@ -71,10 +94,16 @@ class EngineSettings:
     mem_fraction_static: float = 0.8  # sglang
     seed: int = 0  # sglang: the engine's random seed
     replicas: int = 1  # engines generating at once, each in its own process (trainer.datagen.replicas)
+    sglang_args: tuple[tuple[str, object], ...] = ()  # sglang: more ServerArgs fields, (name, value) pairs
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError(f"--replicas must be >= 1, got {self.replicas}")
+        if self.sglang_args and self.engine == "hf":
+            raise ValueError("--sglang-arg sets SGLang engine options: add --engine sglang (or auto)")
+        for key, _ in self.sglang_args:
+            if key in SGLANG_SET:
+                raise ValueError(f"--sglang-arg {key}: {SGLANG_SET[key]}")
         if self.engine not in ENGINES:
             raise ValueError(f"--engine must be one of {ENGINES}, got {self.engine!r}")
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -278,6 +307,14 @@ def sglang_reply(out: dict, tokenizer) -> Reply:
     return Reply(tokens, tokenizer.decode(tokens, skip_special_tokens=False), kind)
 
 
+def check_engine_args(args: Sequence[tuple[str, object]], known: Sequence[str], version: str) -> None:
+    """ValueError for the first ``--sglang-arg`` name that is not in ``known`` (ServerArgs' fields)."""
+    for key, _ in args:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=3)
+            raise ValueError(f"--sglang-arg {key}: not a field of SGLang {version}'s ServerArgs (close: {', '.join(close) or 'none'})")
+
+
 class SGLangBackend:
     """SGLang's offline engine: one ``generate`` call per chunk of prompts."""
 
@@ -290,15 +327,18 @@ class SGLangBackend:
         self.path, self.tokenizer = Path(path), tokenizer
         generation_config = GenerationConfig.from_pretrained(path) if (path / "generation_config.json").is_file() else None
         self.stop_ids = stop_ids_of(generation_config, tokenizer)
+        from sglang.srt.server_args import ServerArgs
+
+        check_engine_args(settings.sglang_args, [f.name for f in dataclasses.fields(ServerArgs)], sglang.__version__)
+        options = {"sampling_backend": "pytorch", "log_level": "error"} | dict(settings.sglang_args)
         self.engine = sglang.Engine(
             model_path=str(path),
             skip_tokenizer_init=True,
             attention_backend=settings.attention_backend,
-            sampling_backend="pytorch",
             mem_fraction_static=settings.mem_fraction_static,
             random_seed=settings.seed,
             dtype=settings.dtype,
-            log_level="error",
+            **options,
         )
 
     def generate(self, prompts: Sequence[Sequence[int]], settings: GenerationSettings, seed: int) -> list[Reply]:
