@@ -121,6 +121,8 @@ genbench)
   r=/tmp/res/benches; mkdir -p $r
   python3 launch/bench_generate.py --variants hf-b256 hf-b256-r4 sglang sglang-r2 sglang-r4 --out $r/generate.json 2>&1 \
     | clean > $r/generate.log; tail -8 $r/generate.log
+  python3 launch/bench_generate.py --variants sglang --sglang-arg cuda_graph_max_bs_decode=1024 --out $r/generate_cg1024.json 2>&1 \
+    | clean > $r/generate_cg1024.log; tail -3 $r/generate_cg1024.log  # SGLang captures decode graphs up to 256 on an H200
   ;;
 perfbench)
   r=/tmp/res/benches; mkdir -p $r
