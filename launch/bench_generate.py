@@ -47,7 +47,7 @@ VARIANTS = {  # the warm-up of a static-cache variant is one full batch: it comp
     "hf-b256": Variant(EngineSettings(), 256, 512, 16),
     "hf-b1024": Variant(EngineSettings(), 1024, 1024, 16),
     "hf-b256-static-compile": Variant(EngineSettings(static_cache=True, compile=True), 256, 512, 256),
-    "hf-b256-r4": Variant(EngineSettings(replicas=4), 1024, 2048, 64),  # 4 processes, 256 a batch each
+    "hf-b256-r4": Variant(EngineSettings(replicas=4), 256, 2048, 64),  # 4 processes, each 512 prompts in batches of 256
     "sglang": Variant(EngineSettings(engine="sglang"), 4096, 3004, 64),
     "sglang-r2": Variant(EngineSettings(engine="sglang", replicas=2), 4096, 3004, 64),
     "sglang-r4": Variant(EngineSettings(engine="sglang", replicas=4), 4096, 3004, 64),
