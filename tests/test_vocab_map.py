@@ -187,3 +187,20 @@ def test_load_names_file_and_key(tmp_path):
         VocabMap.load(garbage)
     with pytest.raises(ValueError, match="does not exist"):
         VocabMap.load(tmp_path / "nope.safetensors")
+
+
+def test_the_trainers_map_counts_every_samples_masked_tokens_once():
+    from trainer.build import vocab_map
+    from trainer.data import EncodedSample
+
+    g = torch.Generator().manual_seed(4)
+    samples = []
+    for n in (5, 1, 17, 9):
+        ids = torch.randint(0, 40, (n,), generator=g).tolist()
+        samples.append(EncodedSample(ids, (torch.rand(n, generator=g) < 0.6).tolist()))
+    per_sample = count_tokens(((torch.tensor(s.input_ids), torch.tensor(s.loss_mask)) for s in samples), 40)
+    built = vocab_map(samples, 40, 12)
+    expected = build_vocab_map(per_sample, 12)
+    assert torch.equal(built.d2t, expected.d2t) and torch.equal(built.t2d, expected.t2d)
+    with pytest.raises(ValueError, match="token id 40 is outside the target vocab"):
+        vocab_map([EncodedSample([3, 40], [True, True])], 40, 12)

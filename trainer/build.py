@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from models.batch import TokenBatch
@@ -128,8 +130,11 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def vocab_map(samples: list[EncodedSample], target_vocab: int, draft_vocab: int) -> VocabMap:
-    pairs = ((torch.tensor(s.input_ids), torch.tensor(s.loss_mask)) for s in samples)
-    return build_vocab_map(count_tokens(pairs, target_vocab), draft_vocab)
+    """The draft vocabulary of ``samples``' loss-masked tokens, counted in one pass over all of them."""
+    total = sum(len(s.input_ids) for s in samples)
+    ids = np.fromiter(itertools.chain.from_iterable(s.input_ids for s in samples), np.int64, total)  # [N]
+    mask = np.fromiter(itertools.chain.from_iterable(s.loss_mask for s in samples), np.bool_, total)  # [N]
+    return build_vocab_map(count_tokens([(torch.from_numpy(ids), torch.from_numpy(mask))], target_vocab), draft_vocab)
 
 
 def total_steps(cfg: Config, data: PreparedData, loader: MixLoader, par: Parallel) -> int:
