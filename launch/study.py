@@ -390,9 +390,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     points, finished, todo = plan(args, grid), {}, []
     for point in points:
         path = args.out / "points" / f"{point.name}.json"
-        if path.exists() and "error" not in json.loads(path.read_text()):
+        earlier = json.loads(path.read_text()) if path.exists() else None
+        if earlier is not None and "error" not in earlier:
             print(f"{point.name}: done earlier ({path})")
-            finished[point.name] = json.loads(path.read_text())
+            finished[point.name] = earlier
         else:
             todo.append(point)
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:  # each thread waits on its own trainer process
