@@ -5,14 +5,15 @@
 #   launch/device_run.sh setup-sglang SGLANG_WHEELS_DIR [JIT_CACHE_TGZ]   # ../shared/tools/sglang_wheels.sh output
 #   launch/device_run.sh setup-deps DEPS_WHEELS_DIR GGUF_PART_DIR         # project deps; first part(s) of the GGUF
 #   launch/device_run.sh setup-gguf GGUF_PART_DIR                          # last part(s); joins and checks the GGUF
-#   launch/device_run.sh bg NAME GPU COMMAND...     # COMMAND on one GPU in the background (survives the call)
+#   launch/device_run.sh bg NAME GPU COMMAND...     # COMMAND on one GPU in the background (survives the call);
+#                                                   # CPUS=LIST: pinned to those cores (taskset), jobs kept apart
 #   launch/device_run.sh collect                    # job states + results (/tmp/res) into $OUT (JIT=1: + the JIT
 #                                                   # cache; DATA=1: + the recipe's answers, for ANSWERED=FILE next time)
 #   launch/device_run.sh recipe CORPORA_DIR         # the H200 quality recipe: SGLang generation (ANSWERED=FILE.gz:
 #                                                   # reuse earlier answers), training, tau
 #   launch/device_run.sh baseline CORPORA_DIR       # the embedded default recipe, tau on the same held-out files
 #   launch/device_run.sh study CORPORA_DIR          # data size x LR regime on the recipe's answers (waits for them)
-#   launch/device_run.sh genbench                   # generation speeds (transformers, SGLang; 1-4 replicas)
+#   launch/device_run.sh genbench                   # generation speeds (transformers, SGLang; 1-4 replicas; GEN_VARIANTS)
 #   launch/device_run.sh gputests                   # the whole gpu marker (two GPUs for the tensor-parallel tests)
 #   launch/device_run.sh dp CORPORA_DIR             # one GPU vs two data-parallel ranks (losses, tokens/s); SGLang tp_size 2
 #   launch/device_run.sh perfbench                  # trainer memory and the draft-step profile at 8B shapes; static cache
@@ -51,8 +52,9 @@ setup-gguf)
 bg)
   name=$2 gpu=$3; shift 3
   rm -f "/tmp/res/$name.rc"
-  CUDA_VISIBLE_DEVICES=$gpu setsid nohup bash -c '"$@"; echo $? > /tmp/res/'"$name"'.rc' _ "$@" > "/tmp/res/$name.log" 2>&1 < /dev/null &
-  echo "started $name on GPU $gpu: $*"
+  pin=(); [ -z "${CPUS:-}" ] || pin=(taskset -c "$CPUS")
+  CUDA_VISIBLE_DEVICES=$gpu setsid nohup "${pin[@]}" bash -c '"$@"; echo $? > /tmp/res/'"$name"'.rc' _ "$@" > "/tmp/res/$name.log" 2>&1 < /dev/null &
+  echo "started $name on GPU $gpu${CPUS:+, cores $CPUS}: $*"
   ;;
 collect)
   for log in /tmp/res/*.log; do
@@ -119,7 +121,7 @@ study)
   ;;
 genbench)
   r=/tmp/res/benches; mkdir -p $r
-  python3 launch/bench_generate.py --variants hf-b256 hf-b256-r4 sglang sglang-r2 sglang-r4 --out $r/generate.json 2>&1 \
+  python3 launch/bench_generate.py --variants ${GEN_VARIANTS:-hf-b256 hf-b256-r4 sglang sglang-r2 sglang-r4} --out $r/generate.json 2>&1 \
     | clean > $r/generate.log; tail -8 $r/generate.log
   python3 launch/bench_generate.py --variants sglang --sglang-arg cuda_graph_max_bs_decode=1024 --out $r/generate_cg1024.json 2>&1 \
     | clean > $r/generate_cg1024.log; tail -3 $r/generate_cg1024.log  # SGLang captures decode graphs up to 256 on an H200
@@ -139,7 +141,7 @@ perfbench)
   ;;
 gputests)
   r=/tmp/res/gputests; mkdir -p $r
-  python3 -m pytest -m gpu -p no:cacheprovider tests -rA -q > $r/gpu_tests.log 2>&1; tail -15 $r/gpu_tests.log
+  python3 -m pytest -m gpu -p no:cacheprovider tests -v -rfEs > $r/gpu_tests.log 2>&1; tail -15 $r/gpu_tests.log
   ;;
 dp)
   # one GPU with grad_accum 2 against two data-parallel ranks (the same global batch), per engine; then SGLang
