@@ -108,13 +108,22 @@ baseline)
     "$c"/heldout_evals.jsonl --k 6 3 --max-new-tokens 128 --json $r/tau.json 2>&1 | tee $r/tau.log | grep "tau ="
   ;;
 study)
-  # base: the first 1000 answered prompts; sizes 1x, 4x, 16x and all of them; the h200_quality recipe's data settings
+  # the answered prompts shuffled (seed 0: each size holds the sources in the file's proportions; the file is in source
+  # order), base = the first 1000; sizes 1x, 4x, 16x and all; the h200_quality recipe's data settings.
+  # STUDY_DEVICES="0 1": the points spread over both GPUs, STUDY_PARALLEL at once on each (4 x 17-25 GB fit an H200, 8 did not)
   c=$2 r=/tmp/res/study a=/tmp/res/recipe/answered.jsonl; mkdir -p $r/data
   while [ ! -f /tmp/res/recipe/answered.done ]; do sleep 5; done
-  head -n 1000 $a > $r/data/base.jsonl; tail -n +1001 $a > $r/data/more.jsonl
-  all=$(( $(wc -l < $a) / 1000 ))
+  python3 - $a $r/data <<'PY'
+import random, sys
+from pathlib import Path
+lines = [x for x in Path(sys.argv[1]).read_text(encoding="utf-8").split("\n") if x.strip()]  # records may hold U+2028
+random.Random(0).shuffle(lines)
+for name, part in (("base", lines[:1000]), ("more", lines[1000:])):
+    (Path(sys.argv[2]) / f"{name}.jsonl").write_text("\n".join(part) + "\n", encoding="utf-8")
+PY
+  all=$(( $(wc -l < $a) / 1000 )) devices=(); [ -z "${STUDY_DEVICES:-}" ] || devices=(--devices $STUDY_DEVICES)
   OMP_NUM_THREADS=${OMP_NUM_THREADS:-4} python3 launch/study.py --out $r --base-file $r/data/base.jsonl --synthetic $r/data/more.jsonl --sizes 1 4 16 $all \
-    --max-steps "${STUDY_STEPS:-200}" --parallel "${STUDY_PARALLEL:-4}" -- draft.vocab_size=32000 schedule.lr=5e-4 \
+    --max-steps "${STUDY_STEPS:-200}" --parallel "${STUDY_PARALLEL:-4}" "${devices[@]}" -- draft.vocab_size=32000 schedule.lr=5e-4 \
     data.max_len=2048 data.max_tokens=16384 data.holdout_fraction=0.05 trainer.spec_tokens=6 trainer.log_every=50 \
     trainer.eval_prompts=64 trainer.eval_max_new_tokens=128 trainer.eval_prompts_file="$c"/heldout_sharegpt.jsonl \
     "data.heldout_prompt_files=[$c/heldout_codeio.jsonl,$c/heldout_evals.jsonl]"
@@ -123,6 +132,9 @@ genbench)
   r=/tmp/res/benches; mkdir -p $r
   python3 launch/bench_generate.py --variants ${GEN_VARIANTS:-hf-b256 hf-b256-r4 sglang sglang-r2 sglang-r4} --out $r/generate.json 2>&1 \
     | clean > $r/generate.log; tail -8 $r/generate.log
+  # SGLang compiles prefill graphs for 58 token counts at each start (tc_piecewise): 102 s to start one engine, 277 s four
+  python3 launch/bench_generate.py --variants sglang-r4 --sglang-arg disable_prefill_cuda_graph=true --out $r/generate_noprefillgraph.json \
+    2>&1 | clean > $r/generate_noprefillgraph.log; tail -3 $r/generate_noprefillgraph.log
   python3 launch/bench_generate.py --variants sglang --sglang-arg cuda_graph_max_bs_decode=1024 --out $r/generate_cg1024.json 2>&1 \
     | clean > $r/generate_cg1024.log; tail -3 $r/generate_cg1024.log  # SGLang captures decode graphs up to 256 on an H200
   ;;
@@ -141,7 +153,7 @@ perfbench)
   ;;
 gputests)
   r=/tmp/res/gputests; mkdir -p $r
-  python3 -m pytest -m gpu -p no:cacheprovider tests -v -rfEs > $r/gpu_tests.log 2>&1; tail -15 $r/gpu_tests.log
+  python3 -m pytest -m gpu -p no:cacheprovider tests -v -rfEs --continue-on-collection-errors > $r/gpu_tests.log 2>&1; tail -15 $r/gpu_tests.log
   ;;
 dp)
   # one GPU with grad_accum 2 against two data-parallel ranks (the same global batch), per engine; then SGLang

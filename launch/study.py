@@ -37,6 +37,8 @@ data.max_tokens=1024``); the ``openai`` group of ``--base-file`` does not, so pa
 GPU idle, so several runs fit on one). The points then share the machine: a training-time
 budget (``--max-time-s``) is not fair between them and their seconds are not comparable;
 give ``--max-steps`` as the budget. ``study.md`` says how many points trained at a time.
+``--devices 0 1`` spreads them over GPUs: up to N points on each device at once, each process
+seeing its one device (``CUDA_VISIBLE_DEVICES``); the point's JSON names it.
 
 **Output** (``--out``): ``points/<name>.json`` as each run finishes (a rerun skips the points
 already there, so a killed study resumes), ``runs/<name>/`` (the run dirs), ``logs/``, and at
@@ -51,14 +53,16 @@ import argparse
 import itertools
 import json
 import os
+import queue
 import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: no install needed
 
@@ -235,14 +239,37 @@ def collect(point: Point, run_dir: Path, seconds: float) -> dict:
     }
 
 
-def run_point(point: Point, out: Path) -> dict:
-    """Train one point in a fresh process; its result (or its failure) goes to points/<name>.json."""
+class DeviceSlots:
+    """Room for ``per_device`` points at once on each device, or on the devices this process sees (``None``)."""
+
+    def __init__(self, devices: Sequence[str] | None, per_device: int):
+        self.devices = list(devices) if devices else [None]
+        self.size = per_device * len(self.devices)
+        self._free: queue.Queue[str | None] = queue.Queue()
+        for _ in range(per_device):
+            for device in self.devices:  # dealt in turn: the first points go to different devices
+                self._free.put(device)
+
+    @contextmanager
+    def take(self) -> Iterator[str | None]:
+        device = self._free.get()
+        try:
+            yield device
+        finally:
+            self._free.put(device)
+
+
+def run_point(point: Point, out: Path, device: str | None = None) -> dict:
+    """Train one point in a fresh process (on ``device`` when given: its CUDA_VISIBLE_DEVICES); its result (or its
+    failure) goes to points/<name>.json."""
     run_dir, log = out / "runs" / point.name, out / "logs" / f"{point.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "trainer", *point.overrides, f"hydra.run.dir={run_dir}"]
     start = time.perf_counter()
     with log.open("w") as f:
         env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
+        if device is not None:
+            env["CUDA_VISIBLE_DEVICES"] = device
         code = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
     seconds = time.perf_counter() - start
     if code == 0:
@@ -257,6 +284,8 @@ def run_point(point: Point, out: Path) -> dict:
             "error": f"exit {code}",
             "log_tail": tail,
         }
+    if device is not None:
+        result["device"] = device
     path = out / "points" / f"{point.name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
@@ -361,6 +390,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=None, help="budget: optimizer steps a run")
     p.add_argument("--max-time-s", type=float, default=None, help="budget: training seconds a run")
     p.add_argument("--parallel", type=int, default=1, help="train up to N points at once (give --max-steps as the budget)")
+    p.add_argument("--devices", nargs="+", default=None, help="CUDA devices to spread the points over, --parallel on each")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after --)")
     return p
 
@@ -373,10 +403,12 @@ def _say(line: str) -> None:
         print(line, flush=True)
 
 
-def train(point: Point, out: Path) -> dict:
-    """``run_point`` with a line as it starts and one as it ends (from a pool thread)."""
-    _say(f"{point.name}: {point.base} base + {point.synthetic} synthetic conversations, training ...")
-    result = run_point(point, out)
+def train(point: Point, out: Path, slots: DeviceSlots) -> dict:
+    """``run_point`` on a free device slot, with a line as it starts and one as it ends (from a pool thread)."""
+    with slots.take() as device:
+        on = "" if device is None else f" on device {device}"
+        _say(f"{point.name}: {point.base} base + {point.synthetic} synthetic conversations, training{on} ...")
+        result = run_point(point, out, device)
     _say(f"{point.name}: " + (result.get("error") or f"τ = {tau_cell(result)}"))
     return result
 
@@ -396,14 +428,15 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             finished[point.name] = earlier
         else:
             todo.append(point)
-    with ThreadPoolExecutor(max_workers=args.parallel) as pool:  # each thread waits on its own trainer process
-        finished |= {point.name: result for point, result in zip(todo, pool.map(lambda p: train(p, args.out), todo))}
+    slots = DeviceSlots(args.devices, args.parallel)
+    with ThreadPoolExecutor(max_workers=slots.size) as pool:  # each thread waits on its own trainer process
+        finished |= {point.name: result for point, result in zip(todo, pool.map(lambda p: train(p, args.out, slots), todo))}
     results = [finished[point.name] for point in points]
-    study = {"grid": asdict(grid), "parallel": args.parallel, "points": results}
+    study = {"grid": asdict(grid), "parallel": args.parallel, "devices": args.devices, "points": results}
     (args.out / "study.json").write_text(json.dumps(study, indent=2) + "\n")
-    (args.out / "study.md").write_text(table(results, args.parallel))
+    (args.out / "study.md").write_text(table(results, slots.size))
     plot(results, args.out / "study.png")
-    print(table(results, args.parallel))
+    print(table(results, slots.size))
     return results
 
 

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -130,7 +131,10 @@ def test_study_runs_a_two_point_grid_in_parallel_and_resumes(tmp_path):
         "--max-steps",
         "2",
         "--parallel",
-        "2",
+        "1",
+        "--devices",  # one point on each of two devices: on the CPU, CUDA_VISIBLE_DEVICES names nothing that is used
+        "0",
+        "1",
         "--holdout-categories",
         *CATS,
         "--",
@@ -143,11 +147,13 @@ def test_study_runs_a_two_point_grid_in_parallel_and_resumes(tmp_path):
         proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    started = [i for i, line in enumerate(lines) if line.endswith("training ...")]
+    started = [i for i, line in enumerate(lines) if line.endswith(" ...") and ": 48 base" in line]
     ended = [i for i, line in enumerate(lines) if ": τ = " in line]
     assert len(started) == len(ended) == 2 and max(started) < min(ended), proc.stdout  # both trained at once
     study = json.loads((out / "study.json").read_text())
-    assert [p["name"] for p in study["points"]] == ["1x-cosine", "2x-cosine"] and study["parallel"] == 2  # plan order
+    assert [p["name"] for p in study["points"]] == ["1x-cosine", "2x-cosine"]  # plan order
+    assert study["parallel"] == 1 and study["devices"] == ["0", "1"]
+    assert sorted(p["device"] for p in study["points"]) == ["0", "1"]  # each on its own device
     points = {p["name"]: p for p in study["points"]}
     assert points["1x-cosine"]["data"] == {"base_conversations": 48, "synthetic_conversations": 0}
     assert points["2x-cosine"]["data"] == {"base_conversations": 48, "synthetic_conversations": 48}
@@ -171,6 +177,21 @@ def test_study_runs_a_two_point_grid_in_parallel_and_resumes(tmp_path):
     # a rerun finds both points done and trains nothing
     again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and again.stdout.count("done earlier") == 2
+
+
+def test_device_slots_deal_the_devices_in_turn_and_hold_a_point_back_until_one_is_free():
+    slots = study.DeviceSlots(["0", "1"], per_device=2)
+    assert slots.size == 4 and study.DeviceSlots(None, 3).size == 3
+    taken = [slots.take() for _ in range(4)]
+    assert [t.__enter__() for t in taken] == ["0", "1", "0", "1"]
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(slots.take().__enter__()))
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive() and not got  # all four slots busy: the fifth point waits
+    taken[1].__exit__(None, None, None)  # a point on device 1 ends
+    waiter.join(5)
+    assert got == ["1"]
 
 
 def test_synthetic_subset_keeps_records_whose_strings_hold_unicode_line_breaks(tmp_path):
