@@ -47,9 +47,9 @@ class DraftShape:
         return asdict(self)
 
 
-def draft_shape_for(target_config, num_aux: int, draft_vocab_size: int) -> DraftShape:
-    """A draft as wide as the target, with the target's attention and MLP sizes; its vocabulary
-    of ``draft_vocab_size`` target tokens is at most the target's."""
+def draft_shape_for(target_config, num_aux: int, draft_vocab_size: int, intermediate_size: int | None = None) -> DraftShape:
+    """A draft as wide as the target, with the target's attention sizes and its MLP width (or
+    ``intermediate_size``); its vocabulary of ``draft_vocab_size`` target tokens is at most the target's."""
     if draft_vocab_size > target_config.vocab_size:
         raise ValueError(
             f"config draft.vocab_size: {draft_vocab_size} is above the target's vocabulary of {target_config.vocab_size} "
@@ -59,7 +59,7 @@ def draft_shape_for(target_config, num_aux: int, draft_vocab_size: int) -> Draft
     head_dim = getattr(target_config, "head_dim", None) or target_config.hidden_size // heads
     return DraftShape(
         hidden_size=target_config.hidden_size,
-        intermediate_size=target_config.intermediate_size,
+        intermediate_size=intermediate_size or target_config.intermediate_size,
         num_attention_heads=heads,
         num_key_value_heads=target_config.num_key_value_heads,
         head_dim=head_dim,

@@ -52,7 +52,12 @@ def test_wrong_type_is_refused():
 
 @pytest.mark.parametrize(
     "override, key",
-    [("schedule.name=linear", "schedule.name"), ("draft.ttt_steps=0", "draft.ttt_steps"), ("data.mix={web:1.0}", "data.mix")],
+    [
+        ("schedule.name=linear", "schedule.name"),
+        ("draft.ttt_steps=0", "draft.ttt_steps"),
+        ("draft.intermediate_size=0", "draft.intermediate_size"),
+        ("data.mix={web:1.0}", "data.mix"),
+    ],
 )
 def test_bad_value_names_the_key(override, key):
     with pytest.raises(ValueError, match=key):

@@ -323,3 +323,12 @@ def test_a_signal_in_a_serving_eval_between_steps_stops_at_once(tmp_path, monkey
         f"stopped by SIGINT during the {components.PERIODIC_EVAL}: skipped the rest of the {components.PERIODIC_EVAL}; "
     )
     assert "the rest of the training; end-of-run held-out eval" in message and "Checkpoint step 2 kept" in message
+
+
+def test_the_draft_mlp_width_is_the_configured_one(tmp_path):
+    trainer = Trainer(tiny_config("draft.intermediate_size=96"), tmp_path)
+    try:
+        gates = [m.gate_proj for m in trainer.ds_model.module.draft.modules() if hasattr(m, "gate_proj")]
+        assert [g.out_features for g in gates] == [96]  # one decoder layer; the target's MLP is 1536 wide
+    finally:
+        trainer.close()

@@ -74,6 +74,28 @@ def test_good_exports_verify_for_their_engine(exports, target_dir, engine, capsy
     assert capsys.readouterr().out.startswith("OK")
 
 
+def test_a_draft_with_a_wider_mlp_than_the_target_exports_and_verifies_for_both_engines(target_dir, tmp_path):
+    config = AutoConfig.from_pretrained(target_dir)
+    shape = draft_shape_for(config, num_aux=3, draft_vocab_size=1024, intermediate_size=2 * config.intermediate_size)
+    assert shape.intermediate_size == 3072 and draft_shape_for(config, 3, 1024).intermediate_size == config.intermediate_size
+    counts = torch.randint(0, 1000, (shape.vocab_size,), generator=torch.Generator().manual_seed(0))
+    spec = ExportSpec.of(
+        AUX,
+        norm_output=False,
+        dtype=torch.bfloat16,
+        target_architecture="LlamaForCausalLM",
+        target_num_layers=30,
+        target_path=str(target_dir),
+    )
+    out = export_both(tmp_path, Eagle3Draft(shape), build_vocab_map(counts, 1024), spec)
+    for engine in ("sglang", "vllm"):
+        assert read_export_config(out[engine]).shape.intermediate_size == 3072
+        report = verify_export(out[engine], engine, target_dir)
+        assert report.ok, _messages(report)
+    _edit_config(out["sglang"], lambda c: c.update(intermediate_size=config.intermediate_size))  # config and weights disagree
+    assert not verify_export(out["sglang"], "sglang", target_dir).ok
+
+
 def test_both_exports_name_the_same_physical_layers(exports, target_dir):
     sglang, vllm = read_export_config(exports["sglang"]), read_export_config(exports["vllm"])
     assert sglang.engine_aux_layer_ids == AUX  # SGLang: output of layer k, written unchanged

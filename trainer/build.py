@@ -86,7 +86,7 @@ def build(cfg: Config, par: Parallel, ckpt_root: Path) -> Built:
     dtype = _dtype(cfg.target.dtype, par.device)
     target = load_target(cfg.target, cfg.engine.mode, par.device, dtype)
     head, ids = target.head, tuple(target.head.info.aux_layer_ids)
-    shape = draft_shape_for(head.config, len(ids), cfg.draft.vocab_size)
+    shape = draft_shape_for(head.config, len(ids), cfg.draft.vocab_size, cfg.draft.intermediate_size)
     identity = RunIdentity(cfg, head.info, shape, ckpt.tensor_digest(head.embed_weight), dtype, par.world)
     source = TargetSource(target_recipe(cfg, ids, dtype, par), engine=target.engine, info=head.info)
     data = prepare_data(cfg.data, head.tokenizer, cfg.trainer.seed, cfg.trainer.eval_prompts_file)

@@ -36,9 +36,11 @@ class DraftConfig:
     ttt_steps: int = 7
     step_decay: float = 0.8
     norm_output: bool = False  # false: SGLang feeds the draft its pre-norm output back at draft steps > 0
+    intermediate_size: Optional[int] = None  # the draft MLP's width; None: the target's
 
     def __post_init__(self) -> None:
         _require(self.vocab_size > 0, "draft.vocab_size", "must be positive")
+        _require(self.intermediate_size is None or self.intermediate_size > 0, "draft.intermediate_size", "must be positive or null")
         _require(self.ttt_steps >= 1, "draft.ttt_steps", "must be >= 1")
         _require(0 < self.step_decay <= 1, "draft.step_decay", "must be in (0, 1]")
 
