@@ -10,7 +10,8 @@
 #   launch/device_run.sh collect                    # job states + results (/tmp/res) into $OUT (JIT=1: + the JIT
 #                                                   # cache; DATA=1: + the recipe's answers, for ANSWERED=FILE next time)
 #   launch/device_run.sh recipe CORPORA_DIR         # the H200 quality recipe: SGLang generation (ANSWERED=FILE.gz:
-#                                                   # reuse earlier answers), training, tau
+#                                                   # reuse earlier answers), training, tau; RECIPE_ARGS: more
+#                                                   # trainer overrides, RECIPE_NAME: its results dir (recipe)
 #   launch/device_run.sh baseline CORPORA_DIR       # the embedded default recipe, tau on the same held-out files
 #   launch/device_run.sh study CORPORA_DIR          # data size x LR regime on the recipe's answers (waits for them)
 #   launch/device_run.sh genbench                   # generation speeds (transformers, SGLang; 1-4 replicas; GEN_VARIANTS)
@@ -72,7 +73,7 @@ collect)
 recipe)
   # the target answers the training prompts (SGLang), the draft trains online for 540 s (engine=sglang; the
   # transformers engine if that run fails), then SGLang serves the export: tau on each held-out file (k = 6 and 3)
-  c=$2 r=/tmp/res/recipe; mkdir -p $r
+  c=$2 r=/tmp/res/${RECIPE_NAME:-recipe}; mkdir -p $r
   phase() { local rc=0; echo "$1 start $(date +%s)" >> $r/times.txt; shift; "$@" || rc=$?; echo "end $(date +%s) exit $rc" >> $r/times.txt; }
   if [ -n "${ANSWERED:-}" ]; then  # answers brought back from an earlier machine (collect with DATA=1)
     gunzip -c "$ANSWERED" > $r/answered.jsonl
@@ -86,7 +87,7 @@ recipe)
   touch $r/answered.done
   train=(python3 -m trainer +experiment=h200_quality data.sources.openai.path=$r/answered.jsonl
     trainer.eval_prompts_file="$c"/heldout_sharegpt.jsonl trainer.eval_prompts=16
-    "data.heldout_prompt_files=[$c/heldout_codeio.jsonl,$c/heldout_evals.jsonl]")
+    "data.heldout_prompt_files=[$c/heldout_codeio.jsonl,$c/heldout_evals.jsonl]" ${RECIPE_ARGS:-})
   run=$r/run; phase train "${train[@]}" engine=sglang hydra.run.dir=$run 2>&1 | clean > $r/train.log
   if [ ! -f $run/export/sglang/config.json ]; then
     run=$r/run_hf; phase train_hf "${train[@]}" hydra.run.dir=$run 2>&1 | clean > $r/train_hf.log
@@ -100,6 +101,10 @@ recipe)
       --dtype bfloat16 --json $r/eval_$f.json > $r/eval_$f.log 2>&1
     tail -n 12 $r/eval_$f.log
   done
+  # ShareGPT answers to 256 tokens, as trained: does tf_acc_0 rise past the 128th token?
+  phase eval_sharegpt_256 python3 -m serving.eval $run/export/sglang --prompts "$c"/heldout_sharegpt.jsonl --limit 32 --k 6 \
+    --max-new-tokens 256 --device cuda --dtype bfloat16 --json $r/eval_sharegpt_256.json > $r/eval_sharegpt_256.log 2>&1
+  tail -n 3 $r/eval_sharegpt_256.log
   ;;
 baseline)
   c=$2 r=/tmp/res/baseline; mkdir -p $r
