@@ -243,11 +243,11 @@ class DeviceSlots:
     """Room for ``per_device`` points at once on each device, or on the devices this process sees (``None``)."""
 
     def __init__(self, devices: Sequence[str] | None, per_device: int):
-        self.devices = list(devices) if devices else [None]
-        self.size = per_device * len(self.devices)
+        devices = list(devices) if devices else [None]
+        self.size = per_device * len(devices)
         self._free: queue.Queue[str | None] = queue.Queue()
         for _ in range(per_device):
-            for device in self.devices:  # dealt in turn: the first points go to different devices
+            for device in devices:  # dealt in turn: the first points go to different devices
                 self._free.put(device)
 
     @contextmanager

@@ -59,7 +59,7 @@ def draft_shape_for(target_config, num_aux: int, draft_vocab_size: int, intermed
     head_dim = getattr(target_config, "head_dim", None) or target_config.hidden_size // heads
     return DraftShape(
         hidden_size=target_config.hidden_size,
-        intermediate_size=intermediate_size or target_config.intermediate_size,
+        intermediate_size=target_config.intermediate_size if intermediate_size is None else intermediate_size,
         num_attention_heads=heads,
         num_key_value_heads=target_config.num_key_value_heads,
         head_dim=head_dim,

@@ -26,12 +26,11 @@ def target_dir():
     return embedded_target_dir()
 
 
-@pytest.fixture(scope="module")
-def exports(target_dir, tmp_path_factory):
-    """Untrained-but-initialised draft for the embedded target, exported for both engines."""
+def _export_draft(target_dir, out_dir, intermediate_size=None) -> dict:
+    """An untrained-but-initialised draft for the embedded target (1,024-token vocab), exported for both engines."""
     config = AutoConfig.from_pretrained(target_dir)
     torch.manual_seed(0)
-    shape = draft_shape_for(config, num_aux=3, draft_vocab_size=1024)
+    shape = draft_shape_for(config, num_aux=3, draft_vocab_size=1024, intermediate_size=intermediate_size)
     counts = torch.randint(0, 1000, (shape.vocab_size,), generator=torch.Generator().manual_seed(0))
     draft, vocab = Eagle3Draft(shape), build_vocab_map(counts, 1024)
     spec = ExportSpec.of(
@@ -42,7 +41,12 @@ def exports(target_dir, tmp_path_factory):
         target_num_layers=30,
         target_path=str(target_dir),
     )
-    return export_both(tmp_path_factory.mktemp("exports"), draft, vocab, spec)
+    return export_both(out_dir, draft, vocab, spec)
+
+
+@pytest.fixture(scope="module")
+def exports(target_dir, tmp_path_factory):
+    return _export_draft(target_dir, tmp_path_factory.mktemp("exports"))
 
 
 def _copy(exports, engine, tmp_path):
@@ -76,18 +80,9 @@ def test_good_exports_verify_for_their_engine(exports, target_dir, engine, capsy
 
 def test_a_draft_with_a_wider_mlp_than_the_target_exports_and_verifies_for_both_engines(target_dir, tmp_path):
     config = AutoConfig.from_pretrained(target_dir)
-    shape = draft_shape_for(config, num_aux=3, draft_vocab_size=1024, intermediate_size=2 * config.intermediate_size)
-    assert shape.intermediate_size == 3072 and draft_shape_for(config, 3, 1024).intermediate_size == config.intermediate_size
-    counts = torch.randint(0, 1000, (shape.vocab_size,), generator=torch.Generator().manual_seed(0))
-    spec = ExportSpec.of(
-        AUX,
-        norm_output=False,
-        dtype=torch.bfloat16,
-        target_architecture="LlamaForCausalLM",
-        target_num_layers=30,
-        target_path=str(target_dir),
-    )
-    out = export_both(tmp_path, Eagle3Draft(shape), build_vocab_map(counts, 1024), spec)
+    assert draft_shape_for(config, 3, 1024, intermediate_size=3072).intermediate_size == 3072
+    assert draft_shape_for(config, 3, 1024).intermediate_size == config.intermediate_size == 1536
+    out = _export_draft(target_dir, tmp_path, intermediate_size=3072)
     for engine in ("sglang", "vllm"):
         assert read_export_config(out[engine]).shape.intermediate_size == 3072
         report = verify_export(out[engine], engine, target_dir)

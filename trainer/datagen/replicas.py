@@ -133,7 +133,7 @@ class ReplicatedBackend:
             if proc.is_alive():
                 try:
                     conn.send(STOP)
-                except (BrokenPipeError, OSError):
+                except OSError:  # the worker is gone: joined below
                     pass
         for proc in self.procs:
             proc.join(timeout=60)
