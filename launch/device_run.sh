@@ -11,12 +11,16 @@
 #                                                   # cache; DATA=1: + the recipe's answers, for ANSWERED=FILE next time)
 #   launch/device_run.sh recipe CORPORA_DIR         # the H200 quality recipe: SGLang generation (ANSWERED=FILE.gz:
 #                                                   # reuse earlier answers), training, tau; RECIPE_ARGS: more
-#                                                   # trainer overrides, RECIPE_NAME: its results dir (recipe)
+#                                                   # trainer overrides, RECIPE_NAME: its results dir (recipe),
+#                                                   # RECIPE_EVALS: the held-out files the trainer's decoding runs on
+#                                                   # (sharegpt codeio evals sharegpt_256; "" for none)
 #   launch/device_run.sh baseline CORPORA_DIR       # the embedded default recipe, tau on the same held-out files
 #   launch/device_run.sh study CORPORA_DIR          # data size x LR regime on the recipe's answers (waits for them)
 #   launch/device_run.sh genbench                   # generation speeds (transformers, SGLang; 1-4 replicas; GEN_VARIANTS)
-#   launch/device_run.sh gputests                   # the whole gpu marker (two GPUs for the tensor-parallel tests)
-#   launch/device_run.sh dp CORPORA_DIR             # one GPU vs two data-parallel ranks (losses, tokens/s); SGLang tp_size 2
+#   launch/device_run.sh gputests                   # the whole gpu marker (two GPUs for the tensor-parallel tests;
+#                                                   # GPU_TESTS_K: a -k expression, a part of it)
+#   launch/device_run.sh dp CORPORA_DIR [one|two]   # one GPU vs two data-parallel ranks (losses, tokens/s, stall per
+#                                                   # rank); SGLang tp_size 2; one / two: only that half (default both)
 #   launch/device_run.sh perfbench                  # trainer memory and the draft-step profile at 8B shapes; static cache
 #
 # Wheels: deepspeed (built with `pip wheel --no-deps deepspeed==0.19.8`), hydra-core,
@@ -96,15 +100,14 @@ recipe)
   phase tau python3 -m serving.sglang_eval $run/export/sglang --prompts "$c"/heldout_sharegpt.jsonl "$c"/heldout_codeio.jsonl \
     "$c"/heldout_evals.jsonl --k 6 3 --max-new-tokens 128 --json $r/tau.json > $r/tau.log 2>&1
   grep "tau =" $r/tau.log || tail -20 $r/tau.log
-  for f in sharegpt codeio evals; do  # the trainer's own decoding: tau and tf_acc_0 (teacher-forced first token) per file
-    phase "eval_$f" python3 -m serving.eval $run/export/sglang --prompts "$c"/heldout_$f.jsonl --limit 32 --k 6 --device cuda \
-      --dtype bfloat16 --json $r/eval_$f.json > $r/eval_$f.log 2>&1
+  # the trainer's own decoding: tau and tf_acc_0 (teacher-forced first token) per file; sharegpt_256: ShareGPT answers
+  # to 256 tokens, as trained (does tf_acc_0 rise past the 128th token?)
+  for f in ${RECIPE_EVALS-sharegpt codeio evals sharegpt_256}; do
+    n=128; [ $f != sharegpt_256 ] || n=256
+    phase "eval_$f" python3 -m serving.eval $run/export/sglang --prompts "$c"/heldout_${f%_256}.jsonl --limit 32 --k 6 --device cuda \
+      --max-new-tokens $n --dtype bfloat16 --json $r/eval_$f.json > $r/eval_$f.log 2>&1
     tail -n 12 $r/eval_$f.log
   done
-  # ShareGPT answers to 256 tokens, as trained: does tf_acc_0 rise past the 128th token?
-  phase eval_sharegpt_256 python3 -m serving.eval $run/export/sglang --prompts "$c"/heldout_sharegpt.jsonl --limit 32 --k 6 \
-    --max-new-tokens 256 --device cuda --dtype bfloat16 --json $r/eval_sharegpt_256.json > $r/eval_sharegpt_256.log 2>&1
-  tail -n 3 $r/eval_sharegpt_256.log
   ;;
 baseline)
   c=$2 r=/tmp/res/baseline; mkdir -p $r
@@ -157,8 +160,10 @@ perfbench)
     | clean > $r/generate_static.log; tail -4 $r/generate_static.log
   ;;
 gputests)
-  r=/tmp/res/gputests; mkdir -p $r
-  python3 -m pytest -m gpu -p no:cacheprovider tests -v -rfEs --continue-on-collection-errors > $r/gpu_tests.log 2>&1; tail -15 $r/gpu_tests.log
+  # GPU_TESTS_K: a pytest -k expression (a part of the marker); the log is named after it
+  r=/tmp/res/gputests log=/tmp/res/gputests/gpu_tests${GPU_TESTS_K:+_${GPU_TESTS_K// /_}}.log; mkdir -p $r
+  python3 -m pytest -m gpu -p no:cacheprovider tests -v -rfEs --continue-on-collection-errors ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} > $log 2>&1
+  tail -15 $log
   ;;
 dp)
   # one GPU with grad_accum 2 against two data-parallel ranks (the same global batch), per engine; then SGLang
@@ -168,12 +173,14 @@ dp)
   common=(+experiment=h200_quality data.sources.openai.path=/tmp/res/recipe/answered.jsonl trainer.max_steps=${DP_STEPS:-30}
     trainer.log_every=1 trainer.serve_eval=false trainer.eval_batches=1 trainer.eval_prompts_file="$c"/heldout_sharegpt.jsonl
     "data.heldout_prompt_files=[$c/heldout_codeio.jsonl,$c/heldout_evals.jsonl]")
+  part=${3:-all}  # one: the one-GPU runs (on the first visible GPU); two: the two-GPU runs; all: both
+  first=${CUDA_VISIBLE_DEVICES:-0}; first=${first%%,*}
   for eng in sglang colocated; do
     e=(engine=sglang); [ $eng = sglang ] || e=(engine.mode=colocated)
-    CUDA_VISIBLE_DEVICES=0 python3 -m trainer "${common[@]}" "${e[@]}" deepspeed.grad_accum=2 hydra.run.dir=$r/$eng-one > $r/$eng-one.log 2>&1
-    "${ds[@]}" launch/train.py "${common[@]}" "${e[@]}" hydra.run.dir=$r/$eng-two > $r/$eng-two.log 2>&1
+    [ $part = two ] || CUDA_VISIBLE_DEVICES=$first python3 -m trainer "${common[@]}" "${e[@]}" deepspeed.grad_accum=2 hydra.run.dir=$r/$eng-one > $r/$eng-one.log 2>&1
+    [ $part = one ] || "${ds[@]}" launch/train.py "${common[@]}" "${e[@]}" hydra.run.dir=$r/$eng-two > $r/$eng-two.log 2>&1
   done
-  "${ds[@]}" launch/train.py "${common[@]}" engine=sglang engine.sglang.tp_size=2 hydra.run.dir=$r/sglang-tp2 > $r/sglang-tp2.log 2>&1
+  [ $part = one ] || "${ds[@]}" launch/train.py "${common[@]}" engine=sglang engine.sglang.tp_size=2 hydra.run.dir=$r/sglang-tp2 > $r/sglang-tp2.log 2>&1
   python3 - $r <<'PY'
 import json, statistics, sys
 from pathlib import Path
@@ -185,8 +192,9 @@ out = {}
 for name in ("sglang-one", "sglang-two", "colocated-one", "colocated-two", "sglang-tp2"):
     rs = [x for x in rows(name) if "train/loss" in x]
     tps = [x["perf/tokens_per_s"] for x in rs[5:] if "perf/tokens_per_s" in x]  # past the warm-up
+    stall = lambda key: statistics.median([x[key] for x in rs[5:]]) if rs[5:] and key in rs[-1] else None
     out[name] = {"steps": len(rs), "loss": [x["train/loss"] for x in rs], "tokens_per_s": statistics.median(tps) if tps else None,
-                 "stall_share": statistics.median([x.get("perf/stall_share", 0) for x in rs[5:]]) if rs[5:] else None}
+                 "stall_share": stall("perf/stall_share"), "stall_share_per_rank": [stall(f"perf/stall_share_rank{k}") for k in (0, 1)]}
 for eng in ("sglang", "colocated"):
     one, two = out[f"{eng}-one"], out[f"{eng}-two"]
     if one["loss"] and two["loss"]:

@@ -52,3 +52,10 @@ def test_two_ranks_train_disjoint_shards_to_identical_weights(tmp_path):
     assert summary["steps"] == 3 and len(summary["draft_checksums"]) == 2
     assert summary["draft_checksums"][0] == summary["draft_checksums"][1]
     assert summary["shard_overlap"] == 0
+    # each rank's stall share is logged, and the headline figure is their mean
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    perf = [r for r in rows if "perf/stall_share" in r]
+    assert perf, "no row carries the stall share"
+    for r in perf:
+        ranks = [r["perf/stall_share_rank0"], r["perf/stall_share_rank1"]]
+        assert all(0.0 <= s <= 1.0 for s in ranks) and r["perf/stall_share"] == pytest.approx(sum(ranks) / 2)

@@ -216,9 +216,9 @@ class MetricsLog:
                 M.TARGET_TIME: w.target_s / n,
                 M.DRAFT_TIME: w.draft_s / n,
                 M.NONFINITE: float(self.state.nonfinite),
-                M.STALL_SHARE: w.target_s / max(1e-9, w.target_s + w.draft_s),
             }
         )
+        row.update(self.stall_shares(w))
         if self.peak_tflops is not None:
             row[M.MFU] = mfu(packed[1].item(), wall, self.par.world, self.peak_tflops)
         grad_norm = self.ds_model.get_global_grad_norm()
@@ -226,6 +226,17 @@ class MetricsLog:
             row[M.GRAD_NORM] = float(grad_norm)
         if self.par.device.type == "cuda":
             row[M.GPU_MEM] = torch.cuda.max_memory_allocated(self.par.device) / 2**30
+        return row
+
+    def stall_shares(self, w: Window) -> dict[str, float]:
+        """The share of step time each rank waited on its feature stream, and their mean (every rank calls)."""
+        times = torch.zeros(self.par.world, 2, dtype=torch.float64, device=self.par.device)  # [world, (target_s, draft_s)]
+        times[self.par.rank] = torch.tensor([w.target_s, w.draft_s], dtype=torch.float64)
+        torch.distributed.all_reduce(times)
+        shares = (times[:, 0] / (times.sum(dim=1)).clamp(min=1e-9)).tolist()
+        row = {M.STALL_SHARE: sum(shares) / len(shares)}
+        if len(shares) > 1:
+            row.update({M.stall_share_rank(r): s for r, s in enumerate(shares)})
         return row
 
     def progress(self) -> dict[str, float]:

@@ -36,7 +36,7 @@ EVAL_VERIFY_PROBLEMS = "eval/verify_problems"  # export verification problems, S
 
 # performance beyond throughput and step times
 MFU = "perf/mfu"  # model FLOPs utilisation of the draft trainer, 0..1
-STALL_SHARE = "perf/stall_share"  # share of step time the trainer waited on the feature stream, 0..1
+STALL_SHARE = "perf/stall_share"  # share of step time the trainer waited on the feature stream, 0..1 (mean of the ranks)
 GPU_MEM = "perf/gpu_mem_gb"  # peak GPU memory allocated by the trainer rank, GiB
 
 # data figures (DatasetStats fields, see data_metrics); logged once, kept in the run summary
@@ -82,6 +82,11 @@ _DATA_FIELDS = {  # DatasetStats field -> metric name; other numeric fields beco
 
 def step_loss(k: int, split: str = "train") -> str:
     return f"{split}/loss_{k}"
+
+
+def stall_share_rank(rank: int) -> str:
+    """One rank's stall share; logged beside ``STALL_SHARE`` when more than one rank trains."""
+    return f"{STALL_SHARE}_rank{rank}"
 
 
 def step_acc(k: int, split: str = "train") -> str:
