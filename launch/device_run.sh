@@ -160,10 +160,14 @@ perfbench)
     | clean > $r/generate_static.log; tail -4 $r/generate_static.log
   ;;
 gputests)
-  # GPU_TESTS_K: a pytest -k expression (a part of the marker); the log is named after it
-  r=/tmp/res/gputests log=/tmp/res/gputests/gpu_tests${GPU_TESTS_K:+_${GPU_TESTS_K// /_}}.log; mkdir -p $r
-  python3 -m pytest -m gpu -p no:cacheprovider tests -v -rfEs --continue-on-collection-errors ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} > $log 2>&1
-  tail -15 $log
+  # one pytest per file, output uncaptured (-s): SGLang kills its parent process when its scheduler fails, so a
+  # failure in one file loses neither the other files nor its own cause. GPU_TESTS_K: a -k expression.
+  r=/tmp/res/gputests; mkdir -p $r
+  for f in $(grep -l "mark.gpu" tests/test_*.py); do
+    log=$r/$(basename $f .py)${GPU_TESTS_K:+_${GPU_TESTS_K// /_}}.log
+    python3 -m pytest -m gpu -p no:cacheprovider $f -v -s -rfEs ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} > $log 2>&1 || true
+    echo "$f: $(tail -1 $log)"
+  done
   ;;
 dp)
   # one GPU with grad_accum 2 against two data-parallel ranks (the same global batch), per engine; then SGLang

@@ -38,7 +38,7 @@ from models.target import TargetInfo
 from serving.formats import FORMATS, ExportSpec
 from tests.sglang_tiny import is_layer, layer_errors, tiny_deepseek_v3_config
 from tests.tiny import tiny_config
-from trainer.dist import Parallel
+from trainer.dist import Parallel, free_port, group_port
 from trainer.sources import sglang_recipe, target_recipe
 from trainer.stream.engine_process import EngineError, failure_cause, failure_message
 from trainer.stream.feature_stream import TargetSource
@@ -412,10 +412,16 @@ def test_engine_sglang_maps_to_one_recipe_per_local_rank():
         "engine.sglang.max_total_tokens=65536",
         "target=local",
         "target.path=/models/kimi",
+        "engine.sglang.dist_port=29650",
     )
     assert cfg.engine.mode == "colocated" and cfg.engine.slot_tokens == cfg.data.max_tokens
     recipes = [sglang_recipe(cfg.target, cfg.engine, KIMI_IDS, torch.bfloat16, r) for r in range(8)]
     assert [(r.tp_rank, r.dist_port) for r in recipes] == [(i % 4, 29650 + i // 4) for i in range(8)]
+    # with no dist_port set, the group meets on the port its first rank found free
+    free = tiny_config("engine=sglang", "engine.sglang.tp_size=4", "target=local", "target.path=/models/kimi")
+    assert sglang_recipe(free.target, free.engine, KIMI_IDS, torch.bfloat16, 5, port=41234).dist_port == 41234
+    with pytest.raises(ValueError, match="engine.sglang.dist_port is null"):
+        sglang_recipe(free.target, free.engine, KIMI_IDS, torch.bfloat16, 5)
     first = recipes[0]
     assert (first.path, first.aux_layer_ids, first.dtype, first.tp_size) == ("/models/kimi", tuple(KIMI_IDS), torch.bfloat16, 4)
     assert (first.mem_fraction_static, first.attention_backend, first.load_format, first.max_total_tokens) == (0.6, "fa3", "dummy", 65536)
@@ -424,6 +430,25 @@ def test_engine_sglang_maps_to_one_recipe_per_local_rank():
     assert first.prefill_tokens == 4 * cfg.data.max_tokens
     assert [prefill_buffer_tokens(n) for n in (None, 1, 256, 16384, 14509)] == [None, 256, 256, 16384, 14592]
     assert pickle.loads(pickle.dumps(first)) == first  # the engine process receives it pickled
+
+
+def _group_port_rank(rank: int, world: int, init: str, out: str) -> None:
+    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        port = group_port(Parallel(rank, world, rank, torch.device("cpu")), group_size=2)
+        Path(out, f"{rank}.json").write_text(json.dumps(port))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_each_tp_group_meets_on_the_port_its_first_rank_found_free(tmp_path):
+    """Two runs on one machine must not meet on one fixed port: each group of 2 of 4 ranks shares
+    the port its first rank found free."""
+    init = f"tcp://127.0.0.1:{free_port()}"
+    torch.multiprocessing.spawn(_group_port_rank, args=(4, init, str(tmp_path)), nprocs=4)
+    ports = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(4)]
+    assert ports[0] == ports[1] and ports[2] == ports[3] and ports[0] != ports[2]
+    assert all(1024 <= p <= 65535 for p in ports)
 
 
 def test_the_kimi_preset_composes_with_engine_sglang():
@@ -455,7 +480,7 @@ def test_target_recipe_per_engine(tmp_path, fake, monkeypatch):
     gpu = Parallel(rank=0, world=2, local_rank=1, device=torch.device("cuda", 1))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: HOPPER)  # the only CUDA call made
     assert isinstance(target_recipe(tiny_config(), [1, 14, 26], torch.float32, gpu), PathTarget)
-    cfg = tiny_config("engine=sglang", "engine.sglang.tp_size=2", "target=local", f"target.path={model}")
+    cfg = tiny_config("engine=sglang", "engine.sglang.tp_size=2", "target=local", f"target.path={model}", "engine.sglang.dist_port=29650")
     monkeypatch.setenv(SOURCE_ENV, str(fake.package_dir))
     monkeypatch.setenv("LOCAL_SIZE", "2")
     recipe = target_recipe(cfg, KIMI_IDS, torch.bfloat16, gpu)  # preflight passes
@@ -473,7 +498,7 @@ def test_target_recipe_per_engine(tmp_path, fake, monkeypatch):
 def test_engine_sglang_on_the_embedded_default_uses_its_dequantised_dir(real, monkeypatch):
     cfg = tiny_config("engine=sglang")
     assert cfg.target.path is None
-    recipe = sglang_recipe(cfg.target, cfg.engine, [1, 14, 26], torch.bfloat16, 0)
+    recipe = sglang_recipe(cfg.target, cfg.engine, [1, 14, 26], torch.bfloat16, 0, port=free_port())
     assert recipe.path == str(embedded_target_dir())
     checked = check_target(recipe.path, [1, 14, 26], source_dir=real.package_dir)  # a LlamaForCausalLM dir SGLang reads
     assert checked.architecture == "LlamaForCausalLM" and checked.ids.sglang_layer_inputs == [2, 15, 27]

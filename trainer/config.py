@@ -147,14 +147,16 @@ class SGLangConfig:
     attention_backend: Optional[str] = None  # one of SGLang's ATTENTION_BACKEND_CHOICES; None: fa3 on Hopper if installed, else triton
     load_format: str = "auto"  # auto: the checkpoint's weights | dummy: random weights (benchmarks)
     max_total_tokens: Optional[int] = None  # KV pool tokens; None: what mem_fraction_static leaves
-    dist_port: int = 29650  # 127.0.0.1 rendezvous port of TP group 0; group g uses dist_port + g
+    dist_port: Optional[int] = None  # 127.0.0.1 rendezvous port of TP group 0 (group g: dist_port + g); None: a free port per group
 
     def __post_init__(self) -> None:
         _require(self.tp_size >= 1, "engine.sglang.tp_size", "must be >= 1")
         _require(0 < self.mem_fraction_static < 1, "engine.sglang.mem_fraction_static", "must be in (0, 1)")
         _require(self.load_format in ("auto", "dummy"), "engine.sglang.load_format", f"{self.load_format!r} is not auto or dummy")
         _require(self.max_total_tokens is None or self.max_total_tokens >= 1, "engine.sglang.max_total_tokens", "must be >= 1")
-        _require(1024 <= self.dist_port <= 65535, "engine.sglang.dist_port", "must be a port in [1024, 65535]")
+        _require(
+            self.dist_port is None or 1024 <= self.dist_port <= 65535, "engine.sglang.dist_port", "must be a port in [1024, 65535] or null"
+        )
 
 
 @dataclass

@@ -28,10 +28,19 @@ class Parallel:
         return self.rank == 0
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A 127.0.0.1 port free now (the OS picks it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def group_port(par: Parallel, group_size: int) -> int:
+    """A port free on this node, picked by the first rank of each group of ``group_size``
+    consecutive local ranks and shared with its group (every rank calls)."""
+    ports: list[int | None] = [None] * par.world
+    torch.distributed.all_gather_object(ports, free_port())
+    return ports[par.rank - par.local_rank % group_size]
 
 
 def resolve_device(name: str) -> str:
@@ -66,7 +75,7 @@ def init_parallel(device: str) -> Parallel:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
     import deepspeed  # after DS_ACCELERATOR: deepspeed picks its accelerator at import
 
     if not torch.distributed.is_initialized():

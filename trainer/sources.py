@@ -35,7 +35,7 @@ from trainer.data import (
     split_holdout,
 )
 from trainer.data.corpora_select import LeakCheck, first_user_turn, read_heldout_files
-from trainer.dist import Parallel
+from trainer.dist import Parallel, group_port
 
 
 @dataclass
@@ -97,20 +97,25 @@ def with_eval_target(
             torch.cuda.empty_cache()
 
 
-def sglang_recipe(target: TargetConfig, engine: EngineConfig, ids: Sequence[int], dtype: torch.dtype, local_rank: int) -> SGLangTarget:
+def sglang_recipe(
+    target: TargetConfig, engine: EngineConfig, ids: Sequence[int], dtype: torch.dtype, local_rank: int, port: int | None = None
+) -> SGLangTarget:
     """engine=sglang's recipe for the engine process of ``local_rank``: rank ``local_rank % tp_size``
-    of TP group ``local_rank // tp_size``, which meets on port ``dist_port + group``. With no
-    ``target.path`` SGLang loads the embedded default's dequantised dir (``embedded_target_dir``)."""
+    of TP group ``local_rank // tp_size``, which meets on port ``dist_port + group``, or on ``port``
+    (the group's free port, ``trainer.dist.group_port``) when ``engine.sglang.dist_port`` is null.
+    With no ``target.path`` SGLang loads the embedded default's dequantised dir (``embedded_target_dir``)."""
     s = engine.sglang
     path = target.path if target.path is not None else embedded_target_dir()
     group, rank = divmod(local_rank, s.tp_size)
+    if s.dist_port is None and port is None:
+        raise ValueError("engine.sglang.dist_port is null: the group's port must be given (trainer.dist.group_port)")
     return SGLangTarget(
         path=str(path),
         aux_layer_ids=tuple(ids),
         dtype=dtype,
         tp_size=s.tp_size,
         tp_rank=rank,
-        dist_port=s.dist_port + group,
+        dist_port=s.dist_port + group if s.dist_port is not None else port,
         mem_fraction_static=s.mem_fraction_static,
         attention_backend=s.attention_backend,
         load_format=s.load_format,
@@ -135,7 +140,8 @@ def target_recipe(cfg: Config, ids: Sequence[int], dtype: torch.dtype, par: Para
     tp, local = cfg.engine.sglang.tp_size, local_world_size(par)
     if local % tp:
         raise ValueError(f"config engine.sglang.tp_size: {tp} does not divide the {local} trainer ranks of a node (each runs one TP rank)")
-    recipe = sglang_recipe(cfg.target, cfg.engine, ids, dtype, par.local_rank)
+    port = group_port(par, tp) if cfg.engine.sglang.dist_port is None else None
+    recipe = sglang_recipe(cfg.target, cfg.engine, ids, dtype, par.local_rank, port)
     check_target(recipe.path, ids)
     choice = choose_attention_backend(recipe.attention_backend, torch.cuda.get_device_capability(par.device))
     if par.rank == 0:
