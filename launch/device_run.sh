@@ -19,8 +19,8 @@
 #   launch/device_run.sh genbench                   # generation speeds (transformers, SGLang; 1-4 replicas; GEN_VARIANTS)
 #   launch/device_run.sh gputests                   # the whole gpu marker (two GPUs for the tensor-parallel tests;
 #                                                   # GPU_TESTS_K: a -k expression, a part of it)
-#   launch/device_run.sh dp CORPORA_DIR [one|two]   # one GPU vs two data-parallel ranks (losses, tokens/s, stall per
-#                                                   # rank); SGLang tp_size 2; one / two: only that half (default both)
+#   launch/device_run.sh dp CORPORA_DIR [RUN...]    # one GPU vs two data-parallel ranks (tokens/s, losses, stall per
+#                                                   # rank), both engines; RUN: some of the runs (default all)
 #   launch/device_run.sh perfbench                  # trainer memory and the draft-step profile at 8B shapes; static cache
 #
 # Wheels: deepspeed (built with `pip wheel --no-deps deepspeed==0.19.8`), hydra-core,
@@ -170,40 +170,52 @@ gputests)
   done
   ;;
 dp)
-  # one GPU with grad_accum 2 against two data-parallel ranks (the same global batch), per engine; then SGLang
-  # with tp_size 2 feeding both ranks. On the recipe's answered prompts, the h200_quality shapes.
-  c=$2 r=/tmp/res/dp; mkdir -p $r
+  # Runs (default all): ENGINE-one-ga1: one GPU, the per-GPU batch of the two-rank run (the throughput baseline);
+  # ENGINE-one: one GPU with grad_accum 2, the two ranks' global batch (the loss baseline); ENGINE-two: two
+  # data-parallel ranks, an engine each. ENGINE: sglang | colocated (transformers). The recipe's answered prompts
+  # and h200_quality shapes. SGLang tp_size 2 cannot split SmolLM2 (9 attention heads): the tensor-parallel
+  # feeding is the gpu test test_tensor_parallel_ranks_each_get_their_own_rows.
+  c=$2 r=/tmp/res/dp; mkdir -p $r; shift 2
+  runs=${*:-sglang-one-ga1 sglang-one sglang-two colocated-one-ga1 colocated-one colocated-two}
   ds=(python3 -c "import sys; from deepspeed.launcher.runner import main; sys.exit(main())" --num_gpus 2 --no_local_rank)
   common=(+experiment=h200_quality data.sources.openai.path=/tmp/res/recipe/answered.jsonl trainer.max_steps=${DP_STEPS:-30}
     trainer.log_every=1 trainer.serve_eval=false trainer.eval_batches=1 trainer.eval_prompts_file="$c"/heldout_sharegpt.jsonl
     "data.heldout_prompt_files=[$c/heldout_codeio.jsonl,$c/heldout_evals.jsonl]")
-  part=${3:-all}  # one: the one-GPU runs (on the first visible GPU); two: the two-GPU runs; all: both
   first=${CUDA_VISIBLE_DEVICES:-0}; first=${first%%,*}
-  for eng in sglang colocated; do
-    e=(engine=sglang); [ $eng = sglang ] || e=(engine.mode=colocated)
-    [ $part = two ] || CUDA_VISIBLE_DEVICES=$first python3 -m trainer "${common[@]}" "${e[@]}" deepspeed.grad_accum=2 hydra.run.dir=$r/$eng-one > $r/$eng-one.log 2>&1
-    [ $part = one ] || "${ds[@]}" launch/train.py "${common[@]}" "${e[@]}" hydra.run.dir=$r/$eng-two > $r/$eng-two.log 2>&1
+  for run in $runs; do
+    e=(engine=sglang); [ ${run%%-*} = sglang ] || e=(engine.mode=colocated)
+    case $run in
+    *-one-ga1) cmd=(env CUDA_VISIBLE_DEVICES=$first python3 -m trainer) ;;
+    *-one) cmd=(env CUDA_VISIBLE_DEVICES=$first python3 -m trainer deepspeed.grad_accum=2) ;;
+    *-two) cmd=("${ds[@]}" launch/train.py) ;;
+    esac
+    "${cmd[@]}" "${common[@]}" "${e[@]}" hydra.run.dir=$r/$run > $r/$run.log 2>&1 || echo "$run: exit $?"
   done
-  [ $part = one ] || "${ds[@]}" launch/train.py "${common[@]}" engine=sglang engine.sglang.tp_size=2 hydra.run.dir=$r/sglang-tp2 > $r/sglang-tp2.log 2>&1
   python3 - $r <<'PY'
 import json, statistics, sys
 from pathlib import Path
 r = Path(sys.argv[1])
 def rows(name):
     path = r / name / "metrics.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    rs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    return [x for x in rs if "train/loss" in x]
+def median(rs, key):
+    return statistics.median(x[key] for x in rs[5:]) if len(rs) > 5 and key in rs[-1] else None  # past the warm-up
 out = {}
-for name in ("sglang-one", "sglang-two", "colocated-one", "colocated-two", "sglang-tp2"):
-    rs = [x for x in rows(name) if "train/loss" in x]
-    tps = [x["perf/tokens_per_s"] for x in rs[5:] if "perf/tokens_per_s" in x]  # past the warm-up
-    stall = lambda key: statistics.median([x[key] for x in rs[5:]]) if rs[5:] and key in rs[-1] else None
-    out[name] = {"steps": len(rs), "loss": [x["train/loss"] for x in rs], "tokens_per_s": statistics.median(tps) if tps else None,
-                 "stall_share": stall("perf/stall_share"), "stall_share_per_rank": [stall(f"perf/stall_share_rank{k}") for k in (0, 1)]}
 for eng in ("sglang", "colocated"):
-    one, two = out[f"{eng}-one"], out[f"{eng}-two"]
+    for kind in ("one-ga1", "one", "two"):
+        rs = rows(f"{eng}-{kind}")
+        out[f"{eng}-{kind}"] = {"steps": len(rs), "loss": [x["train/loss"] for x in rs], "tokens_per_s": median(rs, "perf/tokens_per_s"),
+                                "step_time_s": median(rs, "perf/step_time_s"), "stall_share": median(rs, "perf/stall_share"),
+                                "stall_share_per_rank": [median(rs, f"perf/stall_share_rank{k}") for k in (0, 1)]}
+    base, one, two = (out[f"{eng}-{k}"] for k in ("one-ga1", "one", "two"))
+    compare = {}
+    if base["tokens_per_s"] and two["tokens_per_s"]:
+        compare["speedup_vs_one_gpu"] = two["tokens_per_s"] / base["tokens_per_s"]
     if one["loss"] and two["loss"]:
         rel = [abs(a - b) / abs(a) for a, b in zip(one["loss"], two["loss"])]
-        out[f"{eng}-compare"] = {"speedup": two["tokens_per_s"] / one["tokens_per_s"], "rel_loss_diff_first": rel[0], "rel_loss_diff_max": max(rel)}
+        compare |= {"rel_loss_diff_first": rel[0], "rel_loss_diff_max": max(rel), "rel_loss_diff_mean": sum(rel) / len(rel)}
+    out[f"{eng}-compare"] = compare
 (r / "dp.json").write_text(json.dumps(out, indent=2) + "\n")
 print(json.dumps({k: v for k, v in out.items() if k.endswith("compare")}, indent=2))
 PY

@@ -366,6 +366,20 @@ def read_target_shape(path: str | Path) -> TargetShape:
     return TargetShape(architecture, int(text["num_hidden_layers"]), int(text["hidden_size"]))
 
 
+def tp_size_problem(path: str | Path, tp_size: int) -> str | None:
+    """Why SGLang cannot split the target at ``path`` over ``tp_size`` GPUs (None: it can). Its
+    attention layers assert that ``tp_size`` divides the query heads, and that it divides the KV
+    heads or is a multiple of them (KV heads are then replicated)."""
+    _, text = read_text_config(path)
+    heads = int(text["num_attention_heads"])
+    kv = int(text.get("num_key_value_heads") or heads)
+    if heads % tp_size:
+        return f"tp_size {tp_size} does not divide the target's {heads} attention heads"
+    if kv % tp_size and tp_size % kv:
+        return f"tp_size {tp_size} neither divides nor is a multiple of the target's {kv} KV heads"
+    return None
+
+
 def attention_backends(source: SGLangSource) -> list[str]:
     """``ATTENTION_BACKEND_CHOICES`` of the source's server_args.py."""
     tree = ast.parse((source.package_dir / "srt" / "server_args.py").read_text(encoding="utf-8-sig"))

@@ -257,6 +257,13 @@ def test_engine_choice_and_batch_defaults_on_the_cpu():
         G.EngineSettings(engine="sglang", static_cache=True)
 
 
+def test_sglang_in_float32_is_refused_before_anything_loads(tmp_path):
+    """SGLang's CUDA RMSNorm has no float32 kernel: its scheduler dies capturing the prefill graph and
+    kills the calling process; the project refuses the setting first."""
+    with pytest.raises(ValueError, match="--dtype float32: SGLang runs float16 or bfloat16 only"):
+        G.open_backend(G.EngineSettings(engine="sglang", target=str(tmp_path), dtype="float32"))
+
+
 def test_sglang_args_are_typed_checked_and_reach_the_settings():
     assert [G.engine_arg(a) for a in ("cuda_graph_max_bs_decode=512", "schedule_conservativeness=0.3", "enable_metrics=False")] == [
         ("cuda_graph_max_bs_decode", 512),

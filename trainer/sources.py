@@ -12,7 +12,7 @@ import torch
 
 from models.embedded import embedded_target_dir
 from models.engines import PathTarget, TargetFactory
-from models.sglang_preflight import check_target, choose_attention_backend
+from models.sglang_preflight import check_target, choose_attention_backend, tp_size_problem
 from models.sglang_target import SGLangTarget
 from models.target import HFTargetEngine, load_tokenizer
 from models.target_head import TargetHead, checkpoint_bytes
@@ -143,6 +143,9 @@ def target_recipe(cfg: Config, ids: Sequence[int], dtype: torch.dtype, par: Para
     port = group_port(par, tp) if cfg.engine.sglang.dist_port is None else None
     recipe = sglang_recipe(cfg.target, cfg.engine, ids, dtype, par.local_rank, port)
     check_target(recipe.path, ids)
+    problem = tp_size_problem(recipe.path, tp)
+    if problem is not None:
+        raise ValueError(f"config engine.sglang.tp_size: {problem} ({recipe.path}/config.json); choose a tp_size that does")
     choice = choose_attention_backend(recipe.attention_backend, torch.cuda.get_device_capability(par.device))
     if par.rank == 0:
         print(f"engine=sglang: {choice.describe()}", flush=True)

@@ -183,6 +183,8 @@ def open_backend(settings: EngineSettings) -> Backend:
     if resolve_engine(settings.engine) == "sglang":
         if path.is_file():
             raise ValueError(f"--engine sglang needs a transformers dir as --target, got the file {path}")
+        if settings.dtype == "float32":
+            raise ValueError("--dtype float32: SGLang runs float16 or bfloat16 only (its CUDA RMSNorm, sgl_kernel, has no float32)")
         return SGLangBackend(path, load_tokenizer(path), settings)
     dev = _device(settings.device)
     dtype = DTYPES.get(settings.dtype) or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
