@@ -20,8 +20,9 @@ import torch
 
 import models.draft as draft_module
 import trainer.ttt as ttt_module
-from launch.draft_variants import compiled_pointwise, plain_soft_cross_entropy, ttt_attention_scores
+from launch.draft_variants import plain_soft_cross_entropy, ttt_attention_scores
 from models.batch import FeatureBatch, TokenBatch
+from models.draft import compiled_pointwise
 from trainer.ttt import draft_step
 
 _BASELINE_ATTENTION = {"ttt_attention": ttt_attention_scores}  # in models.draft

@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 
 from models.batch import FeatureBatch, TokenBatch  # noqa: E402
-from models.draft import DraftShape, Eagle3Draft, draft_shape_for  # noqa: E402
+from models.draft import DraftShape, Eagle3Draft, Pointwise, draft_shape_for  # noqa: E402
 from models.engines import RandomTarget, TargetFactory  # noqa: E402
 from models.sglang_target import SGLangTarget  # noqa: E402
 from trainer.config import ScheduleConfig  # noqa: E402
@@ -173,10 +173,11 @@ def make_setup(args: argparse.Namespace) -> Setup:
     )
 
 
-def make_objective(st: Setup) -> tuple[TTTObjective, torch.optim.Optimizer]:
+def make_objective(st: Setup, pw: Pointwise | None = None) -> tuple[TTTObjective, torch.optim.Optimizer]:
+    """A fresh draft objective and its AdamW; ``pw`` None: the trainer's default (compiled pointwise chains on CUDA)."""
     torch.manual_seed(3)
     with torch.device(st.device):
-        draft = Eagle3Draft(st.shape)
+        draft = Eagle3Draft(st.shape, pw if pw is not None else Pointwise(compiled=st.device.type == "cuda"))
     draft.to(st.dtype)
     objective = TTTObjective(draft, st.args.ttt, 0.8, False)
     params = [p for p in objective.parameters() if p.requires_grad]
@@ -539,7 +540,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.profile:
         from launch.bench_profile import profile
 
-        report = profile(st, make_objective)
+        report = profile(st, lambda s: make_objective(s, Pointwise()))  # eager: the variants swap the module's functions
     else:
         runners = {"inprocess": run_inprocess, "colocated": run_colocated, "offline": run_offline, "sglang": run_sglang}
         rows, skipped = [], {}
@@ -566,6 +567,7 @@ def main(argv: list[str] | None = None) -> dict:
             "draft_shape": st.shape.to_dict(),
             "flops_per_token": st.flops,
             "peak_flops": PEAK_FLOPS,
+            "pointwise": "eager" if args.profile or st.device.type != "cuda" else "compiled",  # make_objective's choice
         }
     )
     Path(args.out).write_text(json.dumps(report, indent=1))

@@ -180,7 +180,7 @@ dp)
   ds=(python3 -c "import sys; from deepspeed.launcher.runner import main; sys.exit(main())" --num_gpus 2 --no_local_rank)
   common=(+experiment=h200_quality data.sources.openai.path=/tmp/res/recipe/answered.jsonl trainer.max_steps=${DP_STEPS:-30}
     trainer.log_every=1 trainer.serve_eval=false trainer.eval_batches=1 trainer.eval_prompts_file="$c"/heldout_sharegpt.jsonl
-    "data.heldout_prompt_files=[$c/heldout_codeio.jsonl,$c/heldout_evals.jsonl]")
+    "data.heldout_prompt_files=[$c/heldout_codeio.jsonl,$c/heldout_evals.jsonl]" ${DP_ARGS:-})  # DP_ARGS: more overrides
   first=${CUDA_VISIBLE_DEVICES:-0}; first=${first%%,*}
   for run in $runs; do
     e=(engine=sglang); [ ${run%%-*} = sglang ] || e=(engine.mode=colocated)
@@ -200,7 +200,8 @@ def rows(name):
     rs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
     return [x for x in rs if "train/loss" in x]
 def median(rs, key):
-    return statistics.median(x[key] for x in rs[5:]) if len(rs) > 5 and key in rs[-1] else None  # past the warm-up
+    late = [x[key] for x in rs if x["step"] > 5 and key in x]  # past the warm-up
+    return statistics.median(late) if late else None
 out = {}
 for eng in ("sglang", "colocated"):
     for kind in ("one-ga1", "one", "two"):

@@ -7,9 +7,7 @@ current kernels (``models/attention.py``, ``trainer/soft_ce.py``) against:
 2. ``plain_soft_cross_entropy``: ``-(shift_left(p) * log_softmax(x.float())).sum(-1)``,
    which keeps an fp32 log-softmax and a shifted fp32 label copy per TTT step.
 
-And a candidate to measure against the current kernels: ``compiled_pointwise``, the draft's
-pointwise chains (RMSNorm, SiLU x up, RoPE) compiled by ``torch.compile`` into fused kernels,
-forward and backward, with the same arithmetic.
+The compiled pointwise chains the bench also times are ``models.draft.compiled_pointwise``.
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-import models.draft as draft_module
 from models.attention import document_causal_mask
 from trainer.ttt import shift_left
 
@@ -41,9 +38,3 @@ def ttt_attention_scores(q: Tensor, cache: list[tuple[Tensor, Tensor]], groups: 
 def plain_soft_cross_entropy(logits: Tensor, probs: Tensor, shift: int, chunk: int = 0) -> Tensor:
     """Drop-in for ``trainer.soft_ce.soft_cross_entropy``."""
     return -(shift_left(probs, shift) * torch.log_softmax(logits.float(), dim=-1)).sum(-1)
-
-
-def compiled_pointwise() -> dict[str, object]:
-    """``torch.compile``d versions of ``models.draft``'s pointwise functions, by name (static shapes:
-    one compilation per shape the step uses)."""
-    return {name: torch.compile(getattr(draft_module, name), dynamic=False) for name in ("rms_norm", "silu_mul", "apply_rope")}

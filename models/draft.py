@@ -5,8 +5,9 @@ One decoder layer whose attention reads ``[input_layernorm(embeds), hidden_norm(
 checkpoint (``fc``, ``midlayer.*``, ``norm``, ``lm_head``), so export is a rename-free
 ``state_dict``. The token embedding is the target's, frozen, and never exported.
 
-The pointwise pieces (``rms_norm``, ``silu_mul``, ``apply_rope``) are module functions, looked up
-at call time, so a benchmark can swap in fused versions (``launch/draft_variants.py``).
+The pointwise pieces (``rms_norm``, ``silu_mul``, ``apply_rope``) are module functions that the
+modules reach through a ``Pointwise``: looked up here at call time (a benchmark swaps them,
+``launch/draft_variants.py``), or their ``torch.compile``d versions (``Pointwise(compiled=True)``).
 
 Attention takes a list of per-step key/value caches: step 0 holds the causal keys of the
 whole sequence; each later TTT step k adds one key per position (the draft token at
@@ -17,7 +18,9 @@ serving time.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -97,13 +100,13 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, pw: Pointwise):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.eps, self.pw = eps, pw
 
     def forward(self, x: Tensor) -> Tensor:
-        return rms_norm(x, self.weight, self.eps)
+        return self.pw("rms_norm")(x, self.weight, self.eps)
 
 
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype):
@@ -120,10 +123,31 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
+POINTWISE = ("rms_norm", "silu_mul", "apply_rope")
+
+
+@functools.cache
+def compiled_pointwise() -> dict[str, Callable]:
+    """``torch.compile``d versions of this module's pointwise functions, by name (one set a process):
+    each chain fused into kernels, forward and backward, with the same arithmetic."""
+    return {name: torch.compile(globals()[name]) for name in POINTWISE}
+
+
+@dataclass(frozen=True)
+class Pointwise:
+    """Where a draft's modules find their pointwise functions: this module's, looked up at call time,
+    or, ``compiled``, ``compiled_pointwise()``'s."""
+
+    compiled: bool = False
+
+    def __call__(self, name: str) -> Callable:
+        return compiled_pointwise()[name] if self.compiled else globals()[name]
+
+
 class Attention(nn.Module):
-    def __init__(self, s: DraftShape):
+    def __init__(self, s: DraftShape, pw: Pointwise):
         super().__init__()
-        self.s = s
+        self.s, self.pw = s, pw
         q_out, kv_out = s.num_attention_heads * s.head_dim, s.num_key_value_heads * s.head_dim
         self.q_proj = nn.Linear(2 * s.hidden_size, q_out, bias=False)
         self.k_proj = nn.Linear(2 * s.hidden_size, kv_out, bias=False)
@@ -137,33 +161,35 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(b, t, s.num_key_value_heads, s.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, s.num_key_value_heads, s.head_dim).transpose(1, 2)
         cos, sin = rope_cos_sin(positions, s.head_dim, s.rope_theta, q.dtype)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        rope = self.pw("apply_rope")
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
         cache.append((k, v))
         out = ttt_attention(q, cache, s.num_attention_heads // s.num_key_value_heads, doc_ids)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
 class MLP(nn.Module):
-    def __init__(self, s: DraftShape):
+    def __init__(self, s: DraftShape, pw: Pointwise):
         super().__init__()
+        self.pw = pw
         self.gate_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
         self.up_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
         self.down_proj = nn.Linear(s.intermediate_size, s.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
+        return self.down_proj(self.pw("silu_mul")(self.gate_proj(x), self.up_proj(x)))
 
 
 class MidLayer(nn.Module):
     """The draft's single decoder layer; returns the pre-norm residual sum [B, T, H]."""
 
-    def __init__(self, s: DraftShape):
+    def __init__(self, s: DraftShape, pw: Pointwise):
         super().__init__()
-        self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.hidden_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.self_attn = Attention(s)
-        self.mlp = MLP(s)
+        self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps, pw)
+        self.hidden_norm = RMSNorm(s.hidden_size, s.rms_norm_eps, pw)
+        self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps, pw)
+        self.self_attn = Attention(s, pw)
+        self.mlp = MLP(s, pw)
 
     def forward(self, embeds: Tensor, hidden: Tensor, positions: Tensor, cache: KVCache, doc_ids: Tensor | None) -> Tensor:
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
@@ -172,14 +198,14 @@ class MidLayer(nn.Module):
 
 
 class Eagle3Draft(nn.Module):
-    def __init__(self, s: DraftShape):
+    def __init__(self, s: DraftShape, pw: Pointwise = Pointwise()):
         super().__init__()
-        self.shape = s
+        self.shape, self.pw = s, pw
         self.embed_tokens = nn.Embedding(s.vocab_size, s.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
         self.fc = nn.Linear(s.num_aux * s.target_hidden_size, s.hidden_size, bias=False)
-        self.midlayer = MidLayer(s)
-        self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.midlayer = MidLayer(s, pw)
+        self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps, pw)
         self.lm_head = nn.Linear(s.hidden_size, s.draft_vocab_size, bias=False)
 
     def init_from_target(self, embed_weight: Tensor, lm_head_weight: Tensor, draft_to_target: Tensor) -> None:

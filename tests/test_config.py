@@ -103,3 +103,12 @@ def test_the_draft_optimizer_is_fused_on_a_gpu_and_takes_the_same_step():
             opt.step()
         weights.append(w.detach())
     assert torch.allclose(weights[0], weights[1], atol=1e-6) and not torch.allclose(weights[0], start, atol=1e-3)
+
+
+def test_the_pointwise_chains_compile_on_cuda_unless_the_config_says():
+    from trainer.build import pointwise_for
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert not pointwise_for(_compose(), cpu).compiled and pointwise_for(_compose(), cuda).compiled
+    assert pointwise_for(_compose("draft.compile_pointwise=true"), cpu).compiled
+    assert not pointwise_for(_compose("draft.compile_pointwise=false"), cuda).compiled

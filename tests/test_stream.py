@@ -457,9 +457,12 @@ def test_bench_throughput_tiny(tmp_path):
     assert report["equivalence"]["colocated"] == {"features_equal": True, "max_checksum_diff": 0.0, "max_loss_diff": 0.0}
     assert report["equivalence"]["offline"]["features_equal"]
     feature_bytes_per_token = 4 * 4 * report["target_config"]["hidden_size"]  # (3 aux + final) x H x fp32
-    assert rows["colocated"]["disk_bytes_per_token"] < feature_bytes_per_token / 20
+    # features never reach the disk: a spill would write >= 1024 bytes a token; the tiny run's 384 tokens may see a
+    # few 4 KiB pages of other writes (11-64 bytes a token measured on the CPU machine)
+    assert rows["colocated"]["disk_bytes_per_token"] < feature_bytes_per_token / 4
     assert rows["offline"]["feature_file_bytes_per_token"] >= feature_bytes_per_token
     assert report["flops_per_token"]["total"] > 0 and not list(tmp_path.glob("streamdraft-offline-*"))
+    assert report["pointwise"] == "eager"  # as the trainer on the CPU
 
 
 def test_bench_compares_features_without_the_sglang_mode():

@@ -162,10 +162,10 @@ def test_current_kernels_match_the_baseline():
     [("cpu", torch.float32, 1e-6), pytest.param("cuda", torch.bfloat16, 2e-2, marks=pytest.mark.gpu)],
 )
 def test_compiled_pointwise_chains_equal_the_eager_ones(device, dtype, tol):
-    """launch/draft_variants.compiled_pointwise (torch.compile of models.draft's rms_norm, silu_mul and
-    apply_rope): outputs and gradients equal the eager functions'."""
-    from launch.draft_variants import compiled_pointwise
+    """models.draft.compiled_pointwise (torch.compile of its rms_norm, silu_mul and apply_rope):
+    outputs and gradients equal the eager functions'."""
     from models import draft
+    from models.draft import compiled_pointwise
 
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
@@ -184,3 +184,22 @@ def test_compiled_pointwise_chains_equal_the_eager_ones(device, dtype, tol):
             outs.append((y, *torch.autograd.grad((y.float() * torch.linspace(0, 1, y.numel(), device=device).view_as(y)).sum(), inputs)))
         for eager, fused in zip(*outs):
             torch.testing.assert_close(fused, eager, rtol=tol, atol=tol, msg=name)
+
+
+def test_a_compiled_pointwise_draft_trains_as_the_eager_one():
+    """Eagle3Draft(shape, Pointwise(compiled=True)): every module reaches the compiled functions, and
+    the TTT loss and its gradients equal the eager draft's (fp32, CPU)."""
+    from models.draft import Pointwise, compiled_pointwise
+
+    draft, input_ids, loss_mask, lengths, aux, labels, draft_ids = _problem()
+    fused = Eagle3Draft(TINY_DRAFT, Pointwise(compiled=True))
+    fused.load_state_dict(draft.state_dict())
+    users = [m for m in fused.modules() if hasattr(m, "pw")]
+    assert len(users) == 7 and all(m.pw("rms_norm") is compiled_pointwise()["rms_norm"] for m in users)  # 4 norms, attn, mlp, draft
+    outs = []
+    for model in (draft, fused):
+        out = ttt_unroll(model, input_ids, loss_mask, lengths, aux, labels, draft_ids, 3, 0.8, False)
+        out.loss.backward()
+        outs.append((out.loss.detach(), model.fc.weight.grad, model.midlayer.mlp.up_proj.weight.grad, model.norm.weight.grad))
+    for eager, compiled in zip(*outs):
+        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)

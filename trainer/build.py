@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from models.batch import TokenBatch
-from models.draft import DraftShape, Eagle3Draft, draft_shape_for
+from models.draft import DraftShape, Eagle3Draft, Pointwise, draft_shape_for
 from models.target import TargetInfo
 from models.vocab_map import VocabMap, build_vocab_map, count_tokens
 from serving.prompts import PromptSpec, prompts_from_conversations, read_prompt_file
@@ -159,6 +159,13 @@ def deepspeed_config(cfg: Config, bf16: bool) -> dict:
     }
 
 
+def pointwise_for(cfg: Config, device: torch.device) -> Pointwise:
+    """draft.compile_pointwise, or (null) compiled on CUDA, where the bench's draft step at 8B shapes went from
+    311 to 282 ms with it (docs/BENCHMARKS.md section 12); eager on the CPU, where it was not measured."""
+    compiled = cfg.draft.compile_pointwise
+    return Pointwise(compiled=device.type == "cuda" if compiled is None else compiled)
+
+
 def deepspeed_model(
     cfg: Config, target: TargetBundle, shape: DraftShape, vocab: VocabMap, total: int, dtype: torch.dtype, device: torch.device
 ):
@@ -166,7 +173,7 @@ def deepspeed_model(
     import deepspeed
 
     head = target.head
-    draft = Eagle3Draft(shape)
+    draft = Eagle3Draft(shape, pointwise_for(cfg, device))
     draft.init_from_target(head.embed_weight.float().cpu(), head.lm_head_weight.float().cpu(), vocab.draft_to_target)
     objective = TTTObjective(draft, cfg.draft.ttt_steps, cfg.draft.step_decay, cfg.draft.norm_output)
     params = [p for p in objective.parameters() if p.requires_grad]
