@@ -40,7 +40,6 @@ import importlib.util
 import json
 import os
 import queue
-import socket
 import statistics
 import sys
 import tempfile
@@ -58,6 +57,7 @@ from models.draft import DraftShape, Eagle3Draft, Pointwise, draft_shape_for  # 
 from models.engines import RandomTarget, TargetFactory  # noqa: E402
 from models.sglang_target import SGLangTarget  # noqa: E402
 from trainer.config import ScheduleConfig  # noqa: E402
+from trainer.dist import free_port  # noqa: E402
 from trainer.flops import H200_BF16_PEAK_TFLOPS, flops_per_token  # noqa: E402
 from trainer.schedule import draft_optimizer  # noqa: E402
 from trainer.stream.feature_stream import TargetSource, open_feature_stream  # noqa: E402
@@ -361,13 +361,6 @@ def run_sglang(st: Setup) -> dict:
             path=path, dtype=st.dtype, mem_fraction_static=st.args.sglang_mem_fraction, load_format="dummy", dist_port=free_port()
         )
         return run_colocated(st, factory, "sglang")
-
-
-def free_port() -> int:
-    """A free 127.0.0.1 port for the engine's (single-rank) process group."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class DiskStream:

@@ -12,6 +12,7 @@ from serving.bench import first_turns, percentile, run_bench
 from serving.bench import main as bench_main
 from serving.launch import Server, ServerError, ServerSpec, ready_url, server_command
 from serving.prompts import PromptSpec
+from trainer.dist import free_port
 
 
 def _flag(cmd: list[str], name: str) -> str:
@@ -76,16 +77,8 @@ while time.time() < deadline:
 """
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_wait_ready_returns_once_the_server_answers(tmp_path):
-    port = _free_port()
+    port = free_port()
     with Server([sys.executable, "-c", READY_AFTER_A_SECOND, str(port)], tmp_path / "ok.log") as server:
         waited = server.wait_ready(f"http://127.0.0.1:{port}/health", timeout=30, poll=0.2)
         assert 0.5 < waited < 30
@@ -96,7 +89,7 @@ def test_a_server_that_dies_shows_its_log_tail(tmp_path):
     crash = "print('Capturing CUDA graphs'); print('RuntimeError: CUDA graph capture failed'); raise SystemExit(3)"
     with Server([sys.executable, "-c", crash], tmp_path / "crash.log") as server:
         with pytest.raises(ServerError) as err:
-            server.wait_ready(f"http://127.0.0.1:{_free_port()}/health", timeout=30, poll=0.2)
+            server.wait_ready(f"http://127.0.0.1:{free_port()}/health", timeout=30, poll=0.2)
     assert "exited with code 3" in str(err.value) and "CUDA graph capture failed" in str(err.value)
 
 
@@ -104,7 +97,7 @@ def test_a_server_that_hangs_times_out_with_its_log_tail(tmp_path):
     hang = "import time; print('Capturing batches (bs=160)', flush=True); time.sleep(60)"
     with Server([sys.executable, "-c", hang], tmp_path / "hang.log") as server:
         with pytest.raises(ServerError) as err:
-            server.wait_ready(f"http://127.0.0.1:{_free_port()}/health", timeout=1.5, poll=0.2)
+            server.wait_ready(f"http://127.0.0.1:{free_port()}/health", timeout=1.5, poll=0.2)
     assert "not ready" in str(err.value) and "Capturing batches" in str(err.value)
     assert server.proc.poll() is not None
 

@@ -2,7 +2,6 @@
 within bf16 tolerance, and each aux block is the output of the layer we asked for (not a
 neighbour). Skipped without a GPU (marker ``gpu``) or without SGLang 0.5.14 installed."""
 
-import socket
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,6 +16,7 @@ from models.batch import TokenBatch  # noqa: E402
 from models.sglang_target import SGLangTarget  # noqa: E402
 from models.target import HFTargetEngine  # noqa: E402
 from tests.sglang_tiny import is_layer, layer_errors, tiny_deepseek_v3_config  # noqa: E402
+from trainer.dist import free_port  # noqa: E402
 from trainer.stream.feature_stream import TargetSource, open_feature_stream  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -72,12 +72,6 @@ def batches(seed: int) -> list[TokenBatch]:
     doc_ids[0, :30], doc_ids[0, 30:50], doc_ids[1, :50] = 0, 1, 0
     packed = TokenBatch(packed_ids.masked_fill(doc_ids < 0, 0), doc_ids >= 0, torch.tensor([50, 50]), doc_ids)
     return [padded, packed]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def recipe(path: Path, **kw) -> SGLangTarget:
