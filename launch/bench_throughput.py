@@ -135,6 +135,7 @@ class Setup:
     shape: DraftShape
     labeler: TargetLabeler  # the frozen target head the trainer keeps for the labels, and the vocab map
     flops: dict[str, float]
+    pointwise: Pointwise  # the trainer's default; eager under --profile, whose variants swap the module's functions
 
 
 def make_setup(args: argparse.Namespace) -> Setup:
@@ -170,14 +171,15 @@ def make_setup(args: argparse.Namespace) -> Setup:
         shape=shape,
         labeler=TargetLabeler(lm_head, draft_ids, t2d),
         flops=flops_per_token(config, shape, args.seq, args.ttt),
+        pointwise=Pointwise() if args.profile else Pointwise.default_for(device),
     )
 
 
-def make_objective(st: Setup, pw: Pointwise | None = None) -> tuple[TTTObjective, torch.optim.Optimizer]:
-    """A fresh draft objective and its AdamW; ``pw`` None: the trainer's default (compiled pointwise chains on CUDA)."""
+def make_objective(st: Setup) -> tuple[TTTObjective, torch.optim.Optimizer]:
+    """A fresh draft objective (its pointwise chains as ``st.pointwise``) and its AdamW."""
     torch.manual_seed(3)
     with torch.device(st.device):
-        draft = Eagle3Draft(st.shape, pw if pw is not None else Pointwise(compiled=st.device.type == "cuda"))
+        draft = Eagle3Draft(st.shape, st.pointwise)
     draft.to(st.dtype)
     objective = TTTObjective(draft, st.args.ttt, 0.8, False)
     params = [p for p in objective.parameters() if p.requires_grad]
@@ -533,7 +535,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.profile:
         from launch.bench_profile import profile
 
-        report = profile(st, lambda s: make_objective(s, Pointwise()))  # eager: the variants swap the module's functions
+        report = profile(st, make_objective)
     else:
         runners = {"inprocess": run_inprocess, "colocated": run_colocated, "offline": run_offline, "sglang": run_sglang}
         rows, skipped = [], {}
@@ -560,7 +562,7 @@ def main(argv: list[str] | None = None) -> dict:
             "draft_shape": st.shape.to_dict(),
             "flops_per_token": st.flops,
             "peak_flops": PEAK_FLOPS,
-            "pointwise": "eager" if args.profile or st.device.type != "cuda" else "compiled",  # make_objective's choice
+            "pointwise": "compiled" if st.pointwise.compiled else "eager",
         }
     )
     Path(args.out).write_text(json.dumps(report, indent=1))

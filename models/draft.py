@@ -140,6 +140,11 @@ class Pointwise:
 
     compiled: bool = False
 
+    @classmethod
+    def default_for(cls, device: torch.device) -> Pointwise:
+        """Compiled on CUDA (measured faster there, docs/BENCHMARKS.md section 12), eager elsewhere."""
+        return cls(compiled=device.type == "cuda")
+
     def __call__(self, name: str) -> Callable:
         return compiled_pointwise()[name] if self.compiled else globals()[name]
 

@@ -160,10 +160,9 @@ def deepspeed_config(cfg: Config, bf16: bool) -> dict:
 
 
 def pointwise_for(cfg: Config, device: torch.device) -> Pointwise:
-    """draft.compile_pointwise, or (null) compiled on CUDA, where the bench's draft step at 8B shapes went from
-    311 to 282 ms with it (docs/BENCHMARKS.md section 12); eager on the CPU, where it was not measured."""
+    """draft.compile_pointwise, or (null) ``Pointwise.default_for`` the device."""
     compiled = cfg.draft.compile_pointwise
-    return Pointwise(compiled=device.type == "cuda" if compiled is None else compiled)
+    return Pointwise.default_for(device) if compiled is None else Pointwise(compiled=compiled)
 
 
 def deepspeed_model(
