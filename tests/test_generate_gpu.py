@@ -73,9 +73,8 @@ def sglang_backend(target):
 
 @pytest.fixture(scope="module")
 def reference(target):
-    """The float32 transformers model of ``target`` and its backend (tokenizer, stop ids)."""
-    hf = G.open_backend(G.EngineSettings(target=str(target[0]), device="cuda", dtype="float32"))
-    return LlamaForCausalLM.from_pretrained(target[0], dtype=torch.float32).cuda().eval(), hf
+    """The float32 transformers backend of ``target`` (its model, tokenizer and stop ids)."""
+    return G.open_backend(G.EngineSettings(target=str(target[0]), device="cuda", dtype="float32"))
 
 
 def assert_greedy(reference, replies) -> None:
@@ -83,12 +82,12 @@ def assert_greedy(reference, replies) -> None:
     the argmax after the reply's own prefix or within MARGIN of it (bfloat16 moves these logits by up
     to ~0.26, a wrong token lies several units below the top); a reply that stopped ends where the
     greedy pick is a stop id, which the reply leaves out."""
-    model, hf = reference
+    hf = reference
     assert len(replies) == len(CHATS)
     for chat, reply in zip(CHATS, replies):
         prompt = G.chat_ids(hf.tokenizer, chat)
         with torch.no_grad():
-            logits = model(torch.tensor([prompt + reply.tokens], device="cuda")).logits[0, len(prompt) - 1 :]  # [new + 1, vocab]
+            logits = hf.model(torch.tensor([prompt + reply.tokens], device="cuda")).logits[0, len(prompt) - 1 :]  # [new + 1, vocab]
         top = logits.max(dim=-1).values  # [new + 1]
         picked = logits[torch.arange(len(reply.tokens)), reply.tokens]  # [new]
         assert (picked >= top[:-1] - MARGIN).all(), (chat, reply.tokens, (top[:-1] - picked).tolist())
@@ -101,7 +100,7 @@ def assert_greedy(reference, replies) -> None:
 
 def test_sglang_greedy_is_the_transformers_greedy(target, reference, sglang_backend):
     stop = GenerationConfig.from_pretrained(target[0]).eos_token_id  # [2, the cut token]
-    assert sglang_backend.stop_ids == reference[1].stop_ids and set(stop) <= set(sglang_backend.stop_ids)
+    assert sglang_backend.stop_ids == reference.stop_ids and set(stop) <= set(sglang_backend.stop_ids)
     got = G.generate_chats(sglang_backend, CHATS, SETTINGS, 0)
     assert_greedy(reference, got)
     assert got[0].finish == "stop" and got[0].new_tokens == target[1]  # the generation config's second stop token ends it
