@@ -20,7 +20,8 @@
 #   launch/device_run.sh gputests                   # the whole gpu marker (two GPUs for the tensor-parallel tests;
 #                                                   # GPU_TESTS_K: a -k expression, a part of it)
 #   launch/device_run.sh dp CORPORA_DIR [RUN...]    # one GPU vs two data-parallel ranks (tokens/s, losses, stall per
-#                                                   # rank), both engines; RUN: some of the runs (default all)
+#                                                   # rank), both engines; RUN: some of the runs (default all);
+#                                                   # DP_ARGS: more overrides, DP_DIR: results dir (dp)
 #   launch/device_run.sh perfbench                  # trainer memory and the draft-step profile at 8B shapes; static cache
 #
 # Wheels: deepspeed (built with `pip wheel --no-deps deepspeed==0.19.8`), hydra-core,
@@ -175,7 +176,7 @@ dp)
   # data-parallel ranks, an engine each. ENGINE: sglang | colocated (transformers). The recipe's answered prompts
   # and h200_quality shapes. SGLang tp_size 2 cannot split SmolLM2 (9 attention heads): the tensor-parallel
   # feeding is the gpu test test_tensor_parallel_ranks_each_get_their_own_rows.
-  c=$2 r=/tmp/res/dp; mkdir -p $r; shift 2
+  c=$2 r=/tmp/res/${DP_DIR:-dp}; mkdir -p $r; shift 2  # DP_DIR: another results dir (a variant's runs)
   runs=${*:-sglang-one-ga1 sglang-one sglang-two colocated-one-ga1 colocated-one colocated-two}
   ds=(python3 -c "import sys; from deepspeed.launcher.runner import main; sys.exit(main())" --num_gpus 2 --no_local_rank)
   common=(+experiment=h200_quality data.sources.openai.path=/tmp/res/recipe/answered.jsonl trainer.max_steps=${DP_STEPS:-30}

@@ -203,3 +203,22 @@ def test_a_compiled_pointwise_draft_trains_as_the_eager_one():
         outs.append((out.loss.detach(), model.fc.weight.grad, model.midlayer.mlp.up_proj.weight.grad, model.norm.weight.grad))
     for eager, compiled in zip(*outs):
         torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("b, t, shift, chunk", [(5, 7, 1, 4), (3, 6, 0, 100), (2, 4, 4, 3), (4, 3, 6, 2)])
+def test_soft_cross_entropy_spans_rows_and_matches_the_explicit_form(b, t, shift, chunk):
+    """Chunks run across rows: each row's last ``shift`` positions are 0 in value and gradient, the rest
+    equal the explicit per-position form, and the kernel calls do not grow with the rows."""
+    from launch.draft_variants import plain_soft_cross_entropy
+    from trainer import soft_ce
+
+    torch.manual_seed(1)
+    logits, probs = torch.randn(b, t, 11, requires_grad=True), torch.softmax(torch.randn(b, t, 11), -1)
+    weight = torch.rand(b, t) + 0.5  # non-zero on the invalid positions too
+    current, baseline = soft_ce.soft_cross_entropy(logits, probs, shift, chunk), plain_soft_cross_entropy(logits, probs, shift)
+    torch.testing.assert_close(current, baseline)
+    assert not current[:, max(t - shift, 0) :].any()
+    torch.testing.assert_close(
+        torch.autograd.grad((current * weight).sum(), logits)[0], torch.autograd.grad((baseline * weight).sum(), logits)[0]
+    )
+    assert len(list(soft_ce._spans(b, t, shift, chunk))) == -(-max(b * t - shift, 0) // chunk)

@@ -1,7 +1,8 @@
 """Soft cross-entropy against shifted target probabilities, without fp32 [B, T, V] copies.
 
 ``ce[b, t] = -sum_v probs[b, t + shift, v] * log_softmax(logits[b, t])_v``, computed as
-``sum(p) * logsumexp(x) - p . x`` in row chunks with the backward written out
+``sum(p) * logsumexp(x) - p . x`` in chunks of the flattened [B * T] positions (across rows, so a
+batch of many short rows costs as few calls as one of long rows) with the backward written out
 (``g * (softmax(x) * sum(p) - p)``); on a GPU each is one compiled kernel. Only the logits
 (their own dtype) are kept for the backward and the labels are read unshifted, in place.
 """
@@ -33,33 +34,44 @@ def _kernels(cuda: bool):
     return _ce_rows, _ce_grad_rows
 
 
-def _chunks(rows: int, length: int, chunk: int):
-    for row in range(rows):
-        for start in range(0, max(length, 0), chunk):
-            yield row, start, min(start + chunk, length)
+def _spans(b: int, t: int, shift: int, chunk: int):
+    """Spans [start, stop) of the flattened positions b * T + t whose label position, + shift, lies in the
+    batch: chunks of at most ``chunk`` positions that run across rows (a row's last ``shift`` positions
+    read the next row's first labels; ``_valid`` zeroes them)."""
+    end = b * t - shift
+    for start in range(0, max(end, 0), chunk):
+        yield start, min(start + chunk, end)
+
+
+def _valid(b: int, t: int, shift: int, device) -> Tensor:
+    """[B, T] bool: position t has its label at t + shift in the same row."""
+    return (torch.arange(t, device=device) < t - shift).expand(b, t)
 
 
 class _SoftCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, probs: Tensor, shift: int, chunk: int) -> Tensor:
         rows_fn, _ = _kernels(logits.device.type == "cuda")
-        b, t, _ = logits.shape
-        ce = torch.zeros(b, t, dtype=torch.float32, device=logits.device)
-        for row, start, stop in _chunks(b, t - shift, chunk):
-            ce[row, start:stop] = rows_fn(logits[row, start:stop], probs[row, start + shift : stop + shift])
+        b, t, v = logits.shape
+        x, p = logits.reshape(b * t, v), probs.reshape(b * t, v)  # views of the contiguous [B, T, V]
+        ce = torch.zeros(b * t, dtype=torch.float32, device=logits.device)  # [B * T]
+        for start, stop in _spans(b, t, shift, chunk):
+            ce[start:stop] = rows_fn(x[start:stop], p[start + shift : stop + shift])
         ctx.save_for_backward(logits, probs)
         ctx.shift, ctx.chunk = shift, chunk
-        return ce
+        return ce.view(b, t) * _valid(b, t, shift, logits.device)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         _, grad_fn = _kernels(grad.device.type == "cuda")
         logits, probs = ctx.saved_tensors
-        b, t, _ = logits.shape
-        out = torch.zeros_like(logits)
-        for row, start, stop in _chunks(b, t - ctx.shift, ctx.chunk):
-            out[row, start:stop] = grad_fn(logits[row, start:stop], probs[row, start + ctx.shift : stop + ctx.shift], grad[row, start:stop])
-        return out, None, None, None
+        b, t, v = logits.shape
+        x, p = logits.reshape(b * t, v), probs.reshape(b * t, v)
+        g = (grad * _valid(b, t, ctx.shift, grad.device)).reshape(b * t)  # [B * T], 0 where ce is 0 by definition
+        out = torch.zeros_like(x)  # [B * T, V]
+        for start, stop in _spans(b, t, ctx.shift, ctx.chunk):
+            out[start:stop] = grad_fn(x[start:stop], p[start + ctx.shift : stop + ctx.shift], g[start:stop])
+        return out.view(b, t, v), None, None, None
 
 
 def soft_cross_entropy(logits: Tensor, probs: Tensor, shift: int, chunk: int = 4096) -> Tensor:
