@@ -4,6 +4,7 @@
     python3 launch/bench_throughput.py --profile --out profile.json  # draft step: top ops + kernel variants
     python3 launch/bench_throughput.py --tiny --out /tmp/bench.json  # CPU smoke run, seconds
     python3 launch/bench_throughput.py --modes colocated,sglang --out sglang.json  # transformers vs SGLang engine
+    python3 launch/bench_throughput.py --modes colocated --pointwise eager,compiled --out pw.json  # before/after, one run
 
 Needs only torch, transformers and numpy (no DeepSpeed, Hydra or wandb): the draft
 (``models.draft``), its TTT objective (``trainer.ttt``) and a torch AdamW are built
@@ -45,7 +46,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: no install needed
@@ -65,6 +66,7 @@ from trainer.ttt import TargetLabeler, TTTObjective, draft_step  # noqa: E402
 
 PEAK_FLOPS = H200_BF16_PEAK_TFLOPS * 1e12
 MODES = ("inprocess", "colocated", "offline", "sglang")
+POINTWISE = ("eager", "compiled")  # models.draft.Pointwise
 
 LLAMA_8B = dict(
     model_type="llama",
@@ -135,7 +137,7 @@ class Setup:
     shape: DraftShape
     labeler: TargetLabeler  # the frozen target head the trainer keeps for the labels, and the vocab map
     flops: dict[str, float]
-    pointwise: Pointwise  # the trainer's default; eager under --profile, whose variants swap the module's functions
+    pointwise: Pointwise  # the first of --pointwise; eager under --profile, whose variants swap the module's functions
 
 
 def make_setup(args: argparse.Namespace) -> Setup:
@@ -171,7 +173,7 @@ def make_setup(args: argparse.Namespace) -> Setup:
         shape=shape,
         labeler=TargetLabeler(lm_head, draft_ids, t2d),
         flops=flops_per_token(config, shape, args.seq, args.ttt),
-        pointwise=Pointwise() if args.profile else Pointwise.default_for(device),
+        pointwise=Pointwise(compiled=not args.profile and args.pointwise[0] == "compiled"),
     )
 
 
@@ -462,14 +464,14 @@ def table(rows: list[dict], flops: dict[str, float]) -> str:
     gb = lambda x: "-" if x is None else f"{x / 2**30:.1f}"  # noqa: E731
     na = lambda x, fmt: "n/a" if x is None else format(x, fmt)  # noqa: E731
     head = (
-        f"{'mode':<10} {'tok/s':>9} {'MFU':>6} {'stall':>6} {'step s':>7} {'handoff ms':>10} {'disk B/tok':>10} "
+        f"{'mode':<18} {'tok/s':>9} {'MFU':>6} {'stall':>6} {'step s':>7} {'handoff ms':>10} {'disk B/tok':>10} "
         f"{'GPU GB trainer/engine/device':>28}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         mem = f"{gb(r['trainer_peak_gpu_bytes'])}/{gb(r.get('engine_peak_gpu_bytes'))}/{gb(r['device_used_gpu_bytes'])}"
         lines.append(
-            f"{r['mode']:<10} {r['tokens_per_s']:>9.0f} {100 * r['mfu']:>5.1f}% {100 * r['stall_fraction']:>5.1f}% "
+            f"{r['name']:<18} {r['tokens_per_s']:>9.0f} {100 * r['mfu']:>5.1f}% {100 * r['stall_fraction']:>5.1f}% "
             f"{r['step_s_median']:>7.3f} {r['handoff_ms_per_batch']:>10.2f} {na(r['disk_bytes_per_token'], '>10.0f')} {mem:>28}"
         )
     lines.append(
@@ -480,17 +482,22 @@ def table(rows: list[dict], flops: dict[str, float]) -> str:
 
 
 def compare(rows: list[dict]) -> dict:
-    """Features (checksums) and losses of every mode against the first one's (sglang mode left out)."""
+    """Features (checksums) and losses of every row (by name) against the first one's (sglang mode left out)."""
     rows = [r for r in rows if r["mode"] != "sglang"]  # SGLang's own random weights: other features, other losses
     ref = rows[0] if rows else None
     out = {}
     for r in rows[1:]:
-        out[r["mode"]] = {
+        out[r["name"]] = {
             "features_equal": r["checksums"] == ref["checksums"],
             "max_checksum_diff": max(abs(a - b) for x, y in zip(r["checksums"], ref["checksums"]) for a, b in zip(x, y)),
             "max_loss_diff": max(abs(a - b) for a, b in zip(r["losses"], ref["losses"])),
         }
     return out
+
+
+def default_pointwise(device: str) -> str:
+    """The trainer's choice (``draft.compile_pointwise`` null) on ``device``."""
+    return "compiled" if Pointwise.default_for(torch.device(device)).compiled else "eager"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -499,6 +506,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a smoke test of this script)")
     p.add_argument("--profile", action="store_true", help="profile the draft step and time kernel variants instead")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma list of {MODES}")
+    p.add_argument(
+        "--pointwise",
+        default=None,
+        help=f"comma list of {POINTWISE}: the draft's pointwise chains, each mode run "
+        "with each (default: the trainer's choice for the device)",
+    )
     p.add_argument("--target", default="llama-8b", choices=list(TARGETS), help="the target's shapes (random weights)")
     p.add_argument("--device", default=None, help="default: cuda, or cpu with --tiny")
     p.add_argument("--rows", type=int, default=None, help="sequences per batch (default 4; tiny 2)")
@@ -522,6 +535,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if bad or not modes:
         raise ValueError(f"--modes: unknown {bad or modes}; choose from {MODES}")
     args.modes = modes
+    args.pointwise = [c for c in (args.pointwise or "").split(",") if c] or [default_pointwise(args.device)]
+    if bad := [c for c in args.pointwise if c not in POINTWISE]:
+        raise ValueError(f"--pointwise: unknown {bad}; choose from {POINTWISE}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("no CUDA device: run with --tiny (CPU) or on the GPU machine")
     return args
@@ -542,12 +558,15 @@ def main(argv: list[str] | None = None) -> dict:
         if "sglang" in args.modes and (why := sglang_skip_reason(st.device)) is not None:
             print(f"sglang: skipped ({why})", flush=True)
             skipped["sglang"] = why
-        for mode in [m for m in args.modes if m not in skipped]:
-            free_memory(st.device)
-            t0 = time.perf_counter()
-            rows.append(runners[mode](st))
-            rows[-1]["mode_wall_s"] = time.perf_counter() - t0
-            print(f"{mode}: {rows[-1]['tokens_per_s']:.0f} tokens/s ({rows[-1]['mode_wall_s']:.0f} s)", flush=True)
+        for pw in args.pointwise:  # each mode with each pointwise choice: before and after in one run
+            variant = replace(st, pointwise=Pointwise(compiled=pw == "compiled"))
+            for mode in [m for m in args.modes if m not in skipped]:
+                free_memory(st.device)
+                t0 = time.perf_counter()
+                rows.append(runners[mode](variant))
+                name = mode if len(args.pointwise) == 1 else f"{mode}+{pw}"
+                rows[-1] |= {"name": name, "pointwise": pw, "mode_wall_s": time.perf_counter() - t0}
+                print(f"{name}: {rows[-1]['tokens_per_s']:.0f} tokens/s ({rows[-1]['mode_wall_s']:.0f} s)", flush=True)
         print(table(rows, st.flops))
         report = {"rows": rows, "skipped": skipped, "equivalence": compare(rows) if len(rows) > 1 else {}}
         print(json.dumps(report["equivalence"], indent=1))
@@ -562,7 +581,7 @@ def main(argv: list[str] | None = None) -> dict:
             "draft_shape": st.shape.to_dict(),
             "flops_per_token": st.flops,
             "peak_flops": PEAK_FLOPS,
-            "pointwise": "compiled" if st.pointwise.compiled else "eager",
+            "pointwise": args.pointwise,
         }
     )
     Path(args.out).write_text(json.dumps(report, indent=1))

@@ -462,12 +462,25 @@ def test_bench_throughput_tiny(tmp_path):
     assert rows["colocated"]["disk_bytes_per_token"] < feature_bytes_per_token / 4
     assert rows["offline"]["feature_file_bytes_per_token"] >= feature_bytes_per_token
     assert report["flops_per_token"]["total"] > 0 and not list(tmp_path.glob("streamdraft-offline-*"))
-    assert report["pointwise"] == "eager"  # as the trainer on the CPU
+    assert report["pointwise"] == ["eager"]  # as the trainer on the CPU
+
+
+def test_bench_throughput_runs_each_mode_with_each_pointwise_choice(tmp_path):
+    """--pointwise eager,compiled: before and after in one run, the same features, losses within fp32 rounding."""
+    from launch.bench_throughput import main, parse_args
+
+    report = main(["--tiny", "--modes", "inprocess", "--pointwise", "eager,compiled", "--out", str(tmp_path / "b.json")])
+    assert [(r["name"], r["pointwise"]) for r in report["rows"]] == [("inprocess+eager", "eager"), ("inprocess+compiled", "compiled")]
+    same = report["equivalence"]["inprocess+compiled"]
+    assert same["features_equal"] and same["max_loss_diff"] < 1e-4
+    assert report["pointwise"] == ["eager", "compiled"]
+    with pytest.raises(ValueError, match="--pointwise: unknown"):
+        parse_args(["--tiny", "--out", "x.json", "--pointwise", "eager,fused"])
 
 
 def test_bench_compares_features_without_the_sglang_mode():
     from launch.bench_throughput import compare
 
-    row = lambda mode, loss: {"mode": mode, "checksums": [[1.0, 2.0]], "losses": [loss]}  # noqa: E731
-    rows = [{"mode": "sglang", "checksums": [[9.0, 9.0]], "losses": [5.0]}, row("inprocess", 1.0), row("colocated", 1.25)]
+    row = lambda mode, loss: {"mode": mode, "name": mode, "checksums": [[1.0, 2.0]], "losses": [loss]}  # noqa: E731
+    rows = [{"mode": "sglang", "name": "sglang", "checksums": [[9.0, 9.0]], "losses": [5.0]}, row("inprocess", 1.0), row("colocated", 1.25)]
     assert compare(rows) == {"colocated": {"features_equal": True, "max_checksum_diff": 0.0, "max_loss_diff": 0.25}}
