@@ -6,7 +6,7 @@
     python3 launch/bench_throughput.py --modes colocated,sglang --out sglang.json  # transformers vs SGLang engine
     python3 launch/bench_throughput.py --modes colocated --pointwise eager,compiled --out pw.json  # before/after, one run
 
-Needs only torch, transformers and numpy (no DeepSpeed, Hydra or wandb): the draft
+Needs torch, transformers, numpy and hydra-core (``trainer.config``), not DeepSpeed or wandb: the draft
 (``models.draft``), its TTT objective (``trainer.ttt``) and a torch AdamW are built
 directly. The target (``--target``) is Llama-3.1-8B-shaped (the default) or SmolLM2-135M-shaped
 (the embedded target, the ``h200_quality`` recipe's) with seeded random bf16 weights (sdpa); every

@@ -203,17 +203,22 @@ def rows(name):
 def median(rs, key):
     late = [x[key] for x in rs if x["step"] > 5 and key in x]  # past the warm-up
     return statistics.median(late) if late else None
+def run_rate(rs):  # the whole run's tokens / seconds past the warm-up (rows of equal windows)
+    late = [x for x in rs if x["step"] > 5 and "perf/step_time_s" in x]
+    return sum(x["perf/tokens_per_s"] * x["perf/step_time_s"] for x in late) / sum(x["perf/step_time_s"] for x in late) if late else None
 out = {}
 for eng in ("sglang", "colocated"):
     for kind in ("one-ga1", "one", "two"):
         rs = rows(f"{eng}-{kind}")
         out[f"{eng}-{kind}"] = {"steps": len(rs), "loss": [x["train/loss"] for x in rs], "tokens_per_s": median(rs, "perf/tokens_per_s"),
+                                "tokens_per_s_run": run_rate(rs),
                                 "step_time_s": median(rs, "perf/step_time_s"), "stall_share": median(rs, "perf/stall_share"),
                                 "stall_share_per_rank": [median(rs, f"perf/stall_share_rank{k}") for k in (0, 1)]}
     base, one, two = (out[f"{eng}-{k}"] for k in ("one-ga1", "one", "two"))
     compare = {}
-    if base["tokens_per_s"] and two["tokens_per_s"]:
+    if base["tokens_per_s"] and two["tokens_per_s"]:  # by the median step's rate, and by the whole run's
         compare["speedup_vs_one_gpu"] = two["tokens_per_s"] / base["tokens_per_s"]
+        compare["speedup_vs_one_gpu_run"] = two["tokens_per_s_run"] / base["tokens_per_s_run"]
     if one["loss"] and two["loss"]:
         rel = [abs(a - b) / abs(a) for a, b in zip(one["loss"], two["loss"])]
         compare |= {"rel_loss_diff_first": rel[0], "rel_loss_diff_max": max(rel), "rel_loss_diff_mean": sum(rel) / len(rel)}
