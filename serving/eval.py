@@ -50,6 +50,13 @@ def ratio_se(units: Sequence[tuple[float, float]]) -> float:
     return math.sqrt(len(units) / (len(units) - 1) * spread) / total
 
 
+TF_SPANS = ((2, 16), (17, 64), (65, 128), (129, 256), (257, None))  # answer tokens (from 1) of each tf_acc_0 span
+
+
+def span_name(first: int, last: int | None) -> str:
+    return f"{first}-{last}" if last is not None else f"{first}+"
+
+
 @dataclass
 class Tally:
     """Acceptance counts over cycles, summed across turns."""
@@ -60,11 +67,19 @@ class Tally:
     cycles: int = 0
     new_tokens: int = 0
     per_turn: list[tuple[int, int]] = field(default_factory=list)  # per turn: (tokens per verify summed, verify steps)
-    tf_hits: int = 0  # teacher_forced_hits summed over turns
-    tf_positions: int = 0
+    tf_hits: list[int] = field(default_factory=list)  # per TF_SPANS span: teacher_forced_hits summed over turns
+    tf_positions: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.reached, self.accepted = [0] * self.k, [0] * self.k
+        self.tf_hits, self.tf_positions = [0] * len(TF_SPANS), [0] * len(TF_SPANS)
+
+    def add_teacher_forced(self, hits: torch.Tensor) -> None:
+        """One answer's ``teacher_forced_hits`` [A - 1] (element j: answer token j + 2), into its spans."""
+        for i, (first, last) in enumerate(TF_SPANS):
+            span = hits[first - 2 : None if last is None else last - 1]
+            self.tf_hits[i] += int(span.sum())
+            self.tf_positions[i] += span.numel()
 
     @property
     def tau(self) -> float:
@@ -96,6 +111,7 @@ class EvalResult:
     accept_rate: list[float]  # [k]
     cond_accept_rate: list[float]  # [k]
     tf_acc_0: float  # the draft's first token with the true prefix at every answer position (training's acc_0)
+    tf_acc_0_by_span: dict[str, float]  # the same, per span of answer tokens (TF_SPANS) that has any
     cycles: int
     new_tokens: int
     turns: int
@@ -110,8 +126,10 @@ class EvalResult:
         rate = [a / cycles for a in tally.accepted]
         cond = [a / r if r else 0.0 for a, r in zip(tally.accepted, tally.reached)]
         counts = (tally.cycles, tally.new_tokens, turns, fc_skipped, checked, mismatches, wall)
-        tf_acc = tally.tf_hits / max(tally.tf_positions, 1)
-        return cls(tally.k, feature, tally.tau, tally.tau_se, rate, cond, tf_acc, *counts)
+        tf_acc = sum(tally.tf_hits) / max(sum(tally.tf_positions), 1)
+        spans = zip(TF_SPANS, tally.tf_hits, tally.tf_positions)
+        by_span = {span_name(*span): hits / n for span, hits, n in spans if n}
+        return cls(tally.k, feature, tally.tau, tally.tau_se, rate, cond, tf_acc, by_span, *counts)
 
     def metrics(self, prefix: str = "eval") -> dict[str, float]:
         out = {
@@ -120,6 +138,7 @@ class EvalResult:
             f"{prefix}/tf_acc_0": self.tf_acc_0,
             f"{prefix}/spec_cycles": float(self.cycles),
         }
+        out |= {f"{prefix}/tf_acc_0_tokens_{name}": acc for name, acc in self.tf_acc_0_by_span.items()}
         for i, (r, c) in enumerate(zip(self.accept_rate, self.cond_accept_rate)):
             out[f"{prefix}/accept_rate_{i}"] = r
             out[f"{prefix}/cond_accept_rate_{i}"] = c
@@ -134,6 +153,8 @@ class EvalResult:
         ]
         lines += [f"{i + 1:>8}  {r:>11.3f}  {c:>16.3f}" for i, (r, c) in enumerate(zip(self.accept_rate, self.cond_accept_rate))]
         lines.append(f"teacher-forced acc_0 on these answers (every position, true prefix): {self.tf_acc_0:.3f}")
+        spans = ", ".join(f"{name}: {acc:.3f}" for name, acc in self.tf_acc_0_by_span.items())
+        lines.append(f"  by answer token (the first is the prefill's): {spans}")
         if self.fc_skipped:
             lines.append(
                 "WARNING: fc skipped: the draft was fed features as wide as its embedding (the target's final hidden "
@@ -167,8 +188,7 @@ def evaluate(
         prompt = torch.tensor(render(tokenizer, messages), device=device)
         gen = speculative_generate(target, draft, prompt, k, max_new_tokens, stops)
         tally.add(gen)
-        hits, positions = teacher_forced_hits(target, draft, prompt, gen.tokens)
-        tally.tf_hits, tally.tf_positions = tally.tf_hits + hits, tally.tf_positions + positions
+        tally.add_teacher_forced(teacher_forced_hits(target, draft, prompt, gen.tokens))
         if check_greedy:
             checked += 1
             reference = greedy_generate(target, prompt, max_new_tokens, stops)

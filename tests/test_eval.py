@@ -18,7 +18,7 @@ from models.draft import Eagle3Draft, draft_shape_for
 from models.embedded import embedded_target_dir
 from models.target import HFTargetEngine, load_tokenizer
 from models.vocab_map import build_vocab_map, count_tokens
-from serving.eval import Tally, evaluate_export, ratio_se
+from serving.eval import EvalResult, Tally, evaluate_export, ratio_se
 from serving.eval import main as eval_main
 from serving.export import export_both, load_export
 from serving.formats import ExportSpec, read_export_config
@@ -317,6 +317,21 @@ def test_tau_standard_error_over_turns_equals_the_delta_method():
     assert ratio_se([(2, 1), (2, 1), (2, 1)]) == 0.0 and math.isnan(ratio_se([(2, 1)]))
 
 
+def test_teacher_forced_spans_count_each_answer_token_once():
+    """Element j of teacher_forced_hits is answer token j + 2: spans 2-16, 17-64, ... split the answer by it."""
+    tally = Tally(3)
+    tally.add_teacher_forced(torch.arange(299) % 2 == 0)  # answer of 300 tokens: token n a hit when n is even
+    tally.add_teacher_forced(torch.ones(10, dtype=torch.bool))  # answer of 11 tokens: all hits (span 2-16 only)
+    assert tally.tf_positions == [15 + 10, 48, 64, 128, 44]
+    assert tally.tf_hits == [8 + 10, 24, 32, 64, 22]
+    result = EvalResult.of(tally, "aux", 2, False, [], 0, 1.0)
+    assert result.tf_acc_0_by_span == {"2-16": 18 / 25, "17-64": 0.5, "65-128": 0.5, "129-256": 0.5, "257+": 0.5}
+    assert result.tf_acc_0 == pytest.approx((18 + 24 + 32 + 64 + 22) / (25 + 48 + 64 + 128 + 44))
+    assert result.metrics()["eval/tf_acc_0_tokens_2-16"] == 18 / 25 and "by answer token" in result.summary()
+    empty = EvalResult.of(Tally(3), "aux", 0, False, [], 0, 1.0)
+    assert empty.tf_acc_0_by_span == {} and empty.tf_acc_0 == 0.0
+
+
 def test_teacher_forced_acc_0_is_the_training_step_0_accuracy_on_the_same_answers(target, references, fitted):
     """serving.eval's teacher-forced acc_0 (runners, KV caches) counts what training's acc_0 counts
     (engine features, TTT step 0) on the same answers: the positions the draft proposes first."""
@@ -327,7 +342,8 @@ def test_teacher_forced_acc_0_is_the_training_step_0_accuracy_on_the_same_answer
     draft_runner = DraftRunner(draft, vocab.draft_to_target, parsed.norm_output)
     served, trained = [0, 0], [0, 0]
     for prompt, answer in references:
-        hits, positions = teacher_forced_hits(runner, draft_runner, torch.tensor(prompt), answer)
+        answer_hits = teacher_forced_hits(runner, draft_runner, torch.tensor(prompt), answer)
+        hits, positions = int(answer_hits.sum()), answer_hits.numel()
         ids = torch.tensor([prompt + answer])  # [1, P + A]
         mask = torch.zeros_like(ids, dtype=torch.bool)
         mask[0, len(prompt) + 1 :] = True  # x_{P+1} ..: the first answer token comes from the prefill

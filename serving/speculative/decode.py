@@ -92,18 +92,17 @@ def speculative_generate(
 
 
 @torch.no_grad()
-def teacher_forced_hits(target: TargetRunner, draft: DraftRunner, prompt: Tensor, answer: list[int]) -> tuple[int, int]:
-    """(hits, positions): over the answer's tokens after its first (the first comes from the
-    prefill, never from the draft), how often the draft's first token, fed the target's
-    features of the true prefix, equals the target's greedy token there. ``prompt`` [P];
-    ``answer``: the target's greedy tokens that followed it."""
+def teacher_forced_hits(target: TargetRunner, draft: DraftRunner, prompt: Tensor, answer: list[int]) -> Tensor:
+    """[A - 1] bool: for each of the answer's tokens after its first (the first comes from the
+    prefill, never from the draft), whether the draft's first token, fed the target's features
+    of the true prefix, equals the target's greedy token there (element j: answer token j + 2,
+    counting from 1). ``prompt`` [P]; ``answer``: the target's greedy tokens that followed it."""
     if len(answer) < 2:
-        return 0, 0
+        return torch.zeros(0, dtype=torch.bool)
     seq = torch.cat([prompt, torch.tensor(answer[:-1], device=prompt.device)])  # x_0 .. x_{L-1}, L = P + A - 1
     target.reset()
     draft.reset()
     greedy, features = target.forward(seq)  # greedy[i]: the target's x_{i+1}
     _, predicted = draft.extend(torch.cat([seq[1:], greedy[-1:]]), features)  # predicted[i]: the draft's x_{i+2}
     p = prompt.shape[0]
-    hits = predicted[p - 1 : -1] == greedy[p:]  # [A - 1]: x_{P+1} .. x_{P+A-1}
-    return int(hits.sum()), hits.numel()
+    return (predicted[p - 1 : -1] == greedy[p:]).cpu()  # [A - 1]: x_{P+1} .. x_{P+A-1}
