@@ -137,7 +137,7 @@ class Setup:
     shape: DraftShape
     labeler: TargetLabeler  # the frozen target head the trainer keeps for the labels, and the vocab map
     flops: dict[str, float]
-    pointwise: Pointwise  # the first of --pointwise; eager under --profile, whose variants swap the module's functions
+    pointwise: Pointwise  # eager here; main runs each mode with each --pointwise choice, --profile's variants swap the functions
 
 
 def make_setup(args: argparse.Namespace) -> Setup:
@@ -173,7 +173,7 @@ def make_setup(args: argparse.Namespace) -> Setup:
         shape=shape,
         labeler=TargetLabeler(lm_head, draft_ids, t2d),
         flops=flops_per_token(config, shape, args.seq, args.ttt),
-        pointwise=Pointwise(compiled=not args.profile and args.pointwise[0] == "compiled"),
+        pointwise=Pointwise(),
     )
 
 
