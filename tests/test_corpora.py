@@ -18,6 +18,7 @@ from trainer.data.corpora import (
     SHAREGPT_MEMBER,
     CorpusCounts,
     GroupCap,
+    Prompt,
     codeio_prompts,
     evals_prompts,
     json_array_elements,
@@ -25,6 +26,7 @@ from trainer.data.corpora import (
 )
 from trainer.data.corpora_select import LeakCheck, PromptFilter, PromptIndex, select, split_heldout
 from trainer.data.sources import read_source
+from trainer.data.split import split_holdout
 from trainer.sources import prepare_data
 
 EN = [
@@ -270,6 +272,16 @@ def test_heldout_split_is_stable_and_leak_check_names_both_prompts(tmp_path):
         match=r"training prompt t1: its first prompt .* is a near-duplicate \(Jaccard >= 0.7\) of held-out prompt heldout.jsonl:1",
     ):
         check.check([("t0", EN[7]), ("t1", near)], "training prompt")
+
+
+def test_trainer_split_after_corpora_heldout_at_the_same_seed_keeps_its_fraction():
+    """corpora prepare holds out the smallest hashes of its seed; the trainer's split of the training
+    prompts, at the same seed, must still hold out its own fraction of every source."""
+    prompts = [Prompt(f"p{i}", "sharegpt", (f"Prompt number {i}: tell me about topic {i * 7919 % 1000}.",), ("",)) for i in range(4000)]
+    train, _ = split_heldout(prompts, 200, seed=0)  # 5 %
+    convs = [[{"role": "user", "content": p.turns[0]}, {"role": "assistant", "content": "ok"}] for p in train]
+    _, held = split_holdout(convs, 0.05, seed=0)
+    assert 0.035 * len(convs) < len(held) < 0.065 * len(convs)  # about 190; the unsalted hash left 0
 
 
 def test_prepare_end_to_end_on_tiny_wheels(tmp_path, monkeypatch):
