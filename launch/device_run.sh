@@ -12,8 +12,9 @@
 #   launch/device_run.sh recipe CORPORA_DIR         # the H200 quality recipe: SGLang generation (ANSWERED=FILE.gz:
 #                                                   # reuse earlier answers), training, tau; RECIPE_ARGS: more
 #                                                   # trainer overrides, RECIPE_NAME: its results dir (recipe),
-#                                                   # RECIPE_EVALS: the held-out files the trainer's decoding runs on
-#                                                   # (sharegpt codeio evals sharegpt_256; "" for none)
+#                                                   # RECIPE_EVALS: the prompt files the trainer's decoding runs on
+#                                                   # (sharegpt codeio evals sharegpt_256; NAME: heldout_NAME.jsonl,
+#                                                   # else NAME.jsonl; _256: 256 new tokens; "" for none)
 #   launch/device_run.sh baseline CORPORA_DIR       # the embedded default recipe, tau on the same held-out files
 #   launch/device_run.sh study CORPORA_DIR          # data size x LR regime on the recipe's answers (waits for them)
 #   launch/device_run.sh genbench                   # generation speeds (transformers, SGLang; 1-4 replicas; GEN_VARIANTS)
@@ -101,11 +102,12 @@ recipe)
   phase tau python3 -m serving.sglang_eval $run/export/sglang --prompts "$c"/heldout_sharegpt.jsonl "$c"/heldout_codeio.jsonl \
     "$c"/heldout_evals.jsonl --k 6 3 --max-new-tokens 128 --json $r/tau.json > $r/tau.log 2>&1
   grep "tau =" $r/tau.log || tail -20 $r/tau.log
-  # the trainer's own decoding: tau and tf_acc_0 (teacher-forced first token) per file; sharegpt_256: ShareGPT answers
-  # to 256 tokens, as trained (does tf_acc_0 rise past the 128th token?)
+  # the trainer's own decoding: tau and tf_acc_0 (teacher-forced first token) per file; NAME: heldout_NAME.jsonl in
+  # CORPORA_DIR, else NAME.jsonl there; a _256 suffix: answers to 256 tokens (does tf_acc_0 rise past the 128th?)
   for f in ${RECIPE_EVALS-sharegpt codeio evals sharegpt_256}; do
-    n=128; [ $f != sharegpt_256 ] || n=256
-    phase "eval_$f" python3 -m serving.eval $run/export/sglang --prompts "$c"/heldout_${f%_256}.jsonl --limit 32 --k 6 --device cuda \
+    n=128; [ "${f%_256}" = "$f" ] || n=256
+    p="$c/heldout_${f%_256}.jsonl"; [ -f "$p" ] || p="$c/${f%_256}.jsonl"
+    phase "eval_$f" python3 -m serving.eval $run/export/sglang --prompts "$p" --limit 32 --k 6 --device cuda \
       --max-new-tokens $n --dtype bfloat16 --json $r/eval_$f.json > $r/eval_$f.log 2>&1
     tail -n 12 $r/eval_$f.log
   done

@@ -319,6 +319,29 @@ def test_truncation(tokenizer):
     assert (samples, stats.no_masked_token) == ([], 1)
 
 
+def test_answers_cut_to_their_first_tokens(tokenizer, monkeypatch):
+    lengths = [len(tokenizer(m["content"], add_special_tokens=False)["input_ids"]) for m in CONV[1::2]]
+    n = sorted(lengths)[1]  # an answer of exactly n tokens is kept whole; the longest is cut
+    assert sorted(lengths)[0] < n < sorted(lengths)[2]
+    before = copy.deepcopy(CONV)
+    monkeypatch.setattr(data.chat, "ENCODE_CHUNK", 2)  # answers of several conversations over two tokenizer calls
+    convs, cut = data.cut_answers(tokenizer, [CONV, CONV[:2]], n)
+    assert cut == 1 + (lengths[0] > n) and convs[1][0] == CONV[0]
+    for conv in convs:
+        for got, was in zip(conv, CONV):
+            if was["role"] != "assistant":
+                assert got == was
+                continue
+            ids = tokenizer(got["content"], add_special_tokens=False)["input_ids"]
+            assert len(ids) == min(n, len(tokenizer(was["content"], add_special_tokens=False)["input_ids"]))
+            assert was["content"].startswith(got["content"])
+    masked = _masked_runs(tokenizer, data.encode_conversation(tokenizer, convs[0], 4096))
+    assert masked == [m["content"] + "<|im_end|>" for m in convs[0][1::2]]
+    assert CONV == before and convs[0][3] != CONV[3]  # cut in a copy
+    with pytest.raises(ValueError, match="max_tokens"):
+        data.cut_answers(tokenizer, [CONV], 0)
+
+
 def test_no_chat_template_is_an_error(tokenizer):
     with pytest.raises(ValueError, match="no chat template"):
         data.encode_conversation(_with_template(tokenizer, None), CONV, 4096)

@@ -323,3 +323,18 @@ def test_data_groups_combine_and_mix_overrides_replace():
         _compose("data=sharegpt")
     with pytest.raises(ValueError, match="data.mix: must be a non-empty"):
         _compose("data.mix={}")
+
+
+def test_prepare_data_cuts_answers_on_both_sides(tmp_path, tokenizer):
+    sg, _ = _corpus(tmp_path, 60)
+    source = {"sg": DataSourceConfig(format="sharegpt", path=str(sg))}
+    whole = prepare_data(DataConfig(sources=source, holdout_fraction=0.2), tokenizer, 0)
+    cut = prepare_data(DataConfig(sources=source, holdout_fraction=0.2, answer_tokens=3), tokenizer, 0)
+    assert cut.stats["sg"].answers_cut == len(cut.train["sg"]) == len(whole.train["sg"])  # every answer is longer than 3
+    for side in ("train", "eval"):
+        for short, full in zip(getattr(cut, side)["sg"], getattr(whole, side)["sg"]):
+            assert sum(short.loss_mask) == 3 + 1  # three answer tokens and the end of turn
+            assert short.input_ids[: short.loss_mask.index(True) + 3] == full.input_ids[: full.loss_mask.index(True) + 3]
+    assert cut.report()["answers_cut"] == len(cut.train["sg"])
+    with pytest.raises(ValueError, match="data.answer_tokens"):
+        DataConfig(sources=source, answer_tokens=0)

@@ -66,6 +66,7 @@ class DataConfig:
     holdout_categories: Optional[list[str]] = None  # chatterbot categories held out of every source (replaces the hash split)
     max_len: int = 512
     overlong: str = "truncate"  # samples over max_len: truncate | drop
+    answer_tokens: Optional[int] = None  # every assistant turn cut to its first N tokens before encoding; None: whole
     max_tokens: int = 4096  # padded tokens per micro-batch (B x T)
     packing: bool = False  # several samples a row (rows of max_len, max_tokens // max_len rows), kept apart by doc ids
     max_conversations: Optional[int] = None  # cap on each source's training conversations (smoke runs)
@@ -113,6 +114,7 @@ class DataConfig:
             )
         _require(self.max_len >= 8, "data.max_len", "must be >= 8")
         _require(self.overlong in ("truncate", "drop"), "data.overlong", f"{self.overlong!r} is not truncate or drop")
+        _require(self.answer_tokens is None or self.answer_tokens >= 1, "data.answer_tokens", "must be >= 1 or null")
         _require(self.max_tokens >= self.max_len, "data.max_tokens", "must be >= data.max_len")
         _require(
             len(self.think_tags) == 2 and all(self.think_tags) and self.think_tags[0] != self.think_tags[1],

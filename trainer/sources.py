@@ -27,6 +27,7 @@ from trainer.data import (
     MixLoader,
     PackedBatcher,
     PaddedBatcher,
+    cut_answers,
     encode_conversations,
     first_prompt_key,
     read_chatterbot,
@@ -282,6 +283,9 @@ def prepare_data(cfg: DataConfig, tokenizer, seed: int, eval_prompts_file: str |
         if leaks is not None:
             leaks.check(((str(i), first_user_turn(c)) for i, c in enumerate(train_convs)), f"data.sources.{name}: training conversation")
         train_convs, held_convs = train_convs[: cfg.max_conversations], held_convs[: cfg.max_eval_conversations]
+        if cfg.answer_tokens is not None:
+            train_convs, read_stats.answers_cut = cut_answers(tokenizer, train_convs, cfg.answer_tokens)
+            held_convs, _ = cut_answers(tokenizer, held_convs, cfg.answer_tokens)
         train[name], stats[name] = encode_conversations(
             tokenizer, train_convs, cfg.max_len, read_stats, overlong=cfg.overlong, policy=policy
         )

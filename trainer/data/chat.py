@@ -8,7 +8,8 @@ An assistant turn is located by rendering prefixes: for assistant message i, the
 characters lie wholly inside a located span are masked, found through the fast tokenizer's
 offset mapping; a token straddling a span edge stays unmasked and is counted.
 
-``MaskPolicy`` narrows the mask: ``last_turn_only`` keeps only the last trainable assistant
+``cut_answers`` shortens every assistant turn to its first N tokens before encoding (training
+on the openings of long answers). ``MaskPolicy`` narrows the mask: ``last_turn_only`` keeps only the last trainable assistant
 turn (needed for templates that render earlier turns differently once later turns follow,
 e.g. reasoning templates that strip past thinking); ``train_thinking=False`` removes
 ``<think>...</think>`` spans (and the whitespace after the closing tag) from the mask.
@@ -173,6 +174,25 @@ def encode_many(tokenizer, convs: Iterable[Conversation], policy: MaskPolicy = M
         encoded = tokenizer([text for text, _ in rendered], return_offsets_mapping=True, add_special_tokens=False)
         for (text, spans), ids, offsets in zip(rendered, encoded["input_ids"], encoded["offset_mapping"]):
             yield _sample(text, spans, ids, offsets, policy)
+
+
+def cut_answers(tokenizer, convs: Sequence[Conversation], max_tokens: int) -> tuple[list[Conversation], int]:
+    """Each assistant message's content cut after its first ``max_tokens`` tokens (the message
+    tokenized alone, no special tokens: the template's end-of-turn token then follows the cut);
+    the conversations and the number of messages cut. Other messages are kept as they are."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    out = [list(conv) for conv in convs]
+    where = iter([(i, j) for i, conv in enumerate(out) for j, m in enumerate(conv) if m["role"] == "assistant"])
+    cut = 0
+    while chunk := list(itertools.islice(where, ENCODE_CHUNK)):
+        texts = [out[i][j]["content"] for i, j in chunk]
+        offsets = tokenizer(texts, return_offsets_mapping=True, add_special_tokens=False)["offset_mapping"]
+        for (i, j), text, spans in zip(chunk, texts, offsets):
+            if len(spans) > max_tokens:
+                out[i][j] = {**out[i][j], "content": text[: spans[max_tokens - 1][1]]}
+                cut += 1
+    return out, cut
 
 
 def fit_length(sample: EncodedSample, max_len: int, overlong: str) -> tuple[EncodedSample | None, str | None]:

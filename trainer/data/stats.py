@@ -16,6 +16,7 @@ class DatasetStats:
     no_assistant: int = 0  # conversations skipped: no assistant turn
     duplicates: int = 0  # conversations skipped: exact repeat of an earlier one in the same source
     leading_turns_dropped: int = 0  # assistant turns before the first user turn, dropped from kept conversations
+    answers_cut: int = 0  # assistant turns cut to data.answer_tokens tokens
     samples: int = 0  # encoded samples (at least one masked token)
     tokens: int = 0  # tokens in the samples, after the length policy
     masked_tokens: int = 0  # tokens under the loss mask
