@@ -45,6 +45,7 @@ DATA_SAMPLES = "data/samples"
 DATA_TOKENS = "data/tokens"
 DATA_MASKED_TOKENS = "data/masked_tokens"
 DATA_TRUNCATED = "data/truncated"
+DATA_ANSWERS_CUT = "data/answers_cut"  # assistant turns cut to data.answer_tokens
 DATA_BOUNDARY_TOKENS = "data/boundary_tokens"
 DATA_SKIPPED_MALFORMED = "data/skipped_malformed"
 DATA_SKIPPED_NO_ASSISTANT = "data/skipped_no_assistant"
@@ -69,6 +70,7 @@ _DATA_FIELDS = {  # DatasetStats field -> metric name; other numeric fields beco
     "tokens": DATA_TOKENS,
     "masked_tokens": DATA_MASKED_TOKENS,
     "truncated": DATA_TRUNCATED,
+    "answers_cut": DATA_ANSWERS_CUT,
     "boundary_tokens": DATA_BOUNDARY_TOKENS,
     "malformed": DATA_SKIPPED_MALFORMED,
     "no_assistant": DATA_SKIPPED_NO_ASSISTANT,

@@ -83,7 +83,12 @@ def sections(ttt_steps: int, spec_tokens: int, mix_sources: Sequence[str]) -> tu
         "data",
         "Data",
         (
-            PanelSpec("Conversations and samples", (M.DATA_CONVERSATIONS, M.DATA_SAMPLES, M.DATA_TRUNCATED), "count", kind="bar"),
+            PanelSpec(
+                "Conversations and samples",
+                (M.DATA_CONVERSATIONS, M.DATA_SAMPLES, M.DATA_TRUNCATED, M.DATA_ANSWERS_CUT),
+                "count",
+                kind="bar",
+            ),
             PanelSpec(
                 "Tokens", (M.DATA_TOKENS, M.DATA_MASKED_TOKENS, M.DATA_THINKING_TOKENS, M.DATA_BOUNDARY_TOKENS), "tokens", kind="bar"
             ),
