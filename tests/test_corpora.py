@@ -22,6 +22,8 @@ from trainer.data.corpora import (
     codeio_prompts,
     evals_prompts,
     json_array_elements,
+    sharegpt_chat,
+    sharegpt_followup_prompts,
     sharegpt_prompts,
 )
 from trainer.data.corpora_select import LeakCheck, PromptFilter, PromptIndex, select, split_heldout
@@ -171,6 +173,28 @@ def test_sharegpt_reads_whole_records_of_a_cut_off_array(tmp_path):
     assert prompts[0].conversation()[1] == {"role": "assistant", "content": "answer 0 to How do I s"}
 
 
+def test_sharegpt_followups_are_the_continuation_chunks_user_turns(tmp_path):
+    records = [
+        *sharegpt_records(),
+        {"id": "a_2", "conversations": [{"from": "gpt", "value": "...rest of the answer"}, {"from": "human", "value": EN[5]}]},
+        _conv("f_1", EN[6], "   ", EN[7]),  # a blank turn ends the alternation's use, not the chunk's other turns
+    ]
+    counts = CorpusCounts()
+    with zipfile.ZipFile(sharegpt_wheel(tmp_path, records)) as z:
+        prompts = list(sharegpt_followup_prompts(z, counts))
+        skipping = list(sharegpt_followup_prompts(z, CorpusCounts(), skip_chats=frozenset({"a"})))
+    assert counts.read == len(records) and counts.skipped == {"first chunk": len(sharegpt_records()) - 1}
+    assert [(p.id, p.turns) for p in prompts] == [
+        ("sharegpt_followups:a_1:0", ("continue the previous answer please",)),
+        ("sharegpt_followups:a_2:0", (EN[5],)),
+        ("sharegpt_followups:f_1:0", (EN[6],)),
+        ("sharegpt_followups:f_1:2", (EN[7],)),
+    ]
+    assert {p.source for p in prompts} == {"sharegpt_followups"} and prompts[0].answers == ("answer 0 to continue t",)
+    assert [p.id for p in skipping] == ["sharegpt_followups:f_1:0", "sharegpt_followups:f_1:2"]
+    assert sharegpt_chat("sharegpt:DuCfrfU_0") == sharegpt_chat("sharegpt_followups:DuCfrfU_12:3") == "DuCfrfU"
+
+
 def test_sharegpt_malformed_record_raises_with_line_or_is_counted(tmp_path):
     records = sharegpt_records()
     records[3] = {"id": "c_0", "conversations": [{"from": "human"}]}  # no value
@@ -314,6 +338,38 @@ def test_prepare_end_to_end_on_tiny_wheels(tmp_path, monkeypatch):
     held_sg = read_prompt_file(out / "heldout_sharegpt.jsonl")
     assert len(held_sg) == 5 and all(p.turns == 1 for p in held_sg)  # first prompts only (a_0 has two turns)
     assert not (out / "heldout_evals.jsonl").exists() and json.loads((out / "manifest.json").read_text())["counts"]["sharegpt"]["kept"] == 0
+
+
+def test_prepare_with_sharegpt_followups_leaves_out_held_out_chats(tmp_path):
+    asks = [
+        "Rewrite that answer as a short table with two columns.",
+        "Which of those options would you pick for a small team, and why?",
+        "Can you add unit tests for the function you just wrote?",
+        "Translate the second paragraph into plain words for a beginner.",
+        "What are the risks of doing it that way in production systems?",
+        "Make the poem rhyme and keep it under eight lines.",
+        "Explain the last step again with a worked numeric example.",
+        "Summarise everything we discussed as five bullet points.",
+        "How would the answer change if the budget were doubled?",
+    ]
+    followups = [_conv(f"{cid}_5", ask) for cid, ask in zip(["a", "b", "c", "d", "e", "x0", "x1", "x2", "x3"], asks)]
+    followups.append(_conv("x3_2", EN[4]))  # the same text as x3_0's first prompt: a duplicate across sources
+    path = sharegpt_wheel(tmp_path, sharegpt_records() + followups)
+    out = tmp_path / "out"
+    sources = ("sharegpt", "sharegpt_followups")
+    manifest = cli.prepare(out, {s: path for s in sources}, sources, {"sharegpt": 2}, on_error="skip")
+    held = {sharegpt_chat(json.loads(line)["id"]) for line in (out / "heldout_sharegpt.jsonl").read_text().splitlines()}
+    train = [json.loads(line) for line in (out / "train_prompts.jsonl").read_text().splitlines()]
+    chats = {sharegpt_chat(r["id"]) for r in train if r["source"] == "sharegpt_followups"}
+    c = manifest["counts"]["sharegpt_followups"]
+    assert len(held) == 2 and not chats & held and chats  # no follow-up of a held-out chat; the others kept
+    chunks_of_held = [r for r in sharegpt_records() + followups if not r["id"].endswith("_0") and r["id"].rsplit("_", 1)[0] in held]
+    assert c["skipped"]["chat of a held-out prompt"] == len(chunks_of_held) and c["duplicates"] + c["near_duplicates"] >= 1
+    assert c["kept"] == sum(r["source"] == "sharegpt_followups" for r in train) >= len(chats)
+    assert not (out / "heldout_sharegpt_followups.jsonl").exists()
+    with pytest.raises(ValueError, match="sharegpt_followups needs sharegpt before it"):
+        cli.prepare(out, {s: path for s in sources}, sources[::-1])
+    assert cli.find_wheels(tmp_path, [path], sources) == {"sharegpt": path, "sharegpt_followups": path}
 
 
 def test_prepare_refuses_bad_sizes(tmp_path):

