@@ -8,9 +8,11 @@
 #   launch/device_run.sh bg NAME GPU COMMAND...     # COMMAND on one GPU in the background (survives the call);
 #                                                   # CPUS=LIST: pinned to those cores (taskset), jobs kept apart
 #   launch/device_run.sh collect                    # job states + results (/tmp/res) into $OUT (JIT=1: + the JIT
-#                                                   # cache; DATA=1: + the recipe's answers, for ANSWERED=FILE next time)
-#   launch/device_run.sh recipe CORPORA_DIR         # the H200 quality recipe: SGLang generation (ANSWERED=FILE.gz:
-#                                                   # reuse earlier answers), training, tau; RECIPE_ARGS: more
+#                                                   # cache; DATA=1: + the answers of recipe RECIPE_NAME, for ANSWERED)
+#   launch/device_run.sh recipe CORPORA_DIR         # the H200 quality recipe: SGLang generation (NEW_TOKENS, 128;
+#                                                   # REPLICAS, 1, as engines start one at a time; ANSWERED=FILE.gz:
+#                                                   # reuse earlier answers, REGEN=1: and answer the prompts they
+#                                                   # lack), training, tau; RECIPE_ARGS: more
 #                                                   # trainer overrides, RECIPE_NAME: its results dir (recipe),
 #                                                   # RECIPE_EVALS: the prompt files the trainer's decoding runs on
 #                                                   # (sharegpt codeio evals sharegpt_256; NAME: heldout_NAME.jsonl,
@@ -73,7 +75,8 @@ collect)
   (cd /tmp/res && tar czf "$OUT/res.tgz" --exclude='study/data' --exclude='*.jsonl.gz' --exclude='answered*.jsonl' --exclude='checkpoints' \
      --exclude='*.safetensors' --exclude='wandb' --exclude='*.pt' .) || true
   [ -z "${JIT:-}" ] || tar czf "$OUT/jitcache.tgz" -C ~ .cache/tvm-ffi .cache/flashinfer || true
-  [ -z "${DATA:-}" ] || [ ! -f /tmp/res/recipe/answered.done ] || gzip -c /tmp/res/recipe/answered.jsonl > "$OUT/answered.jsonl.gz"
+  a=/tmp/res/${RECIPE_NAME:-recipe}
+  [ -z "${DATA:-}" ] || [ ! -f $a/answered.done ] || gzip -c $a/answered.jsonl > "$OUT/answered.jsonl.gz"
   ls -la "$OUT"
   ;;
 recipe)
@@ -81,12 +84,12 @@ recipe)
   # transformers engine if that run fails), then SGLang serves the export: tau on each held-out file (k = 6 and 3)
   c=$2 r=/tmp/res/${RECIPE_NAME:-recipe}; mkdir -p $r
   phase() { local rc=0; echo "$1 start $(date +%s)" >> $r/times.txt; shift; "$@" || rc=$?; echo "end $(date +%s) exit $rc" >> $r/times.txt; }
-  if [ -n "${ANSWERED:-}" ]; then  # answers brought back from an earlier machine (collect with DATA=1)
-    gunzip -c "$ANSWERED" > $r/answered.jsonl
-  else
+  # answers brought back from an earlier machine (collect with DATA=1); REGEN=1: then answer the prompts they lack
+  [ -z "${ANSWERED:-}" ] || gunzip -c "$ANSWERED" > $r/answered.jsonl
+  if [ -z "${ANSWERED:-}" ] || [ -n "${REGEN:-}" ]; then
     regen=(python3 -m trainer.regenerate --engine sglang --prompts "$c"/train_prompts.jsonl.gz --output $r/answered.jsonl
-      --max-new-tokens 256)
-    phase regenerate "${regen[@]}" --replicas "${REPLICAS:-4}" 2>&1 | clean > $r/regenerate.log
+      --max-new-tokens "${NEW_TOKENS:-128}")
+    phase regenerate "${regen[@]}" --replicas "${REPLICAS:-1}" 2>&1 | clean > $r/regenerate.log
     grep -q "conversations written" $r/regenerate.log || phase regenerate_1 "${regen[@]}" 2>&1 | clean >> $r/regenerate.log  # resumes
     tail -3 $r/regenerate.log
   fi
