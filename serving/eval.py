@@ -69,6 +69,7 @@ class Tally:
     per_turn: list[tuple[int, int]] = field(default_factory=list)  # per turn: (tokens per verify summed, verify steps)
     tf_hits: list[int] = field(default_factory=list)  # per TF_SPANS span: teacher_forced_hits summed over turns
     tf_positions: list[int] = field(default_factory=list)
+    tf_per_turn: list[tuple[int, int]] = field(default_factory=list)  # per answer: (hits, positions), for the SE
 
     def __post_init__(self) -> None:
         self.reached, self.accepted = [0] * self.k, [0] * self.k
@@ -76,6 +77,7 @@ class Tally:
 
     def add_teacher_forced(self, hits: torch.Tensor) -> None:
         """One answer's ``teacher_forced_hits`` [A - 1] (element j: answer token j + 2), into its spans."""
+        self.tf_per_turn.append((int(hits.sum()), hits.numel()))
         for i, (first, last) in enumerate(TF_SPANS):
             span = hits[first - 2 : None if last is None else last - 1]
             self.tf_hits[i] += int(span.sum())
@@ -111,6 +113,7 @@ class EvalResult:
     accept_rate: list[float]  # [k]
     cond_accept_rate: list[float]  # [k]
     tf_acc_0: float  # the draft's first token with the true prefix at every answer position (training's acc_0)
+    tf_acc_0_se: float  # its standard error over answers (ratio_se)
     tf_acc_0_by_span: dict[str, float]  # the same, per span of answer tokens (TF_SPANS) that has any
     cycles: int
     new_tokens: int
@@ -129,13 +132,14 @@ class EvalResult:
         tf_acc = sum(tally.tf_hits) / max(sum(tally.tf_positions), 1)
         spans = zip(TF_SPANS, tally.tf_hits, tally.tf_positions)
         by_span = {span_name(*span): hits / n for span, hits, n in spans if n}
-        return cls(tally.k, feature, tally.tau, tally.tau_se, rate, cond, tf_acc, by_span, *counts)
+        return cls(tally.k, feature, tally.tau, tally.tau_se, rate, cond, tf_acc, ratio_se(tally.tf_per_turn), by_span, *counts)
 
     def metrics(self, prefix: str = "eval") -> dict[str, float]:
         out = {
             f"{prefix}/accept_len": self.accept_len,
             f"{prefix}/accept_len_se": self.accept_len_se,
             f"{prefix}/tf_acc_0": self.tf_acc_0,
+            f"{prefix}/tf_acc_0_se": self.tf_acc_0_se,
             f"{prefix}/spec_cycles": float(self.cycles),
         }
         out |= {f"{prefix}/tf_acc_0_tokens_{name}": acc for name, acc in self.tf_acc_0_by_span.items()}
@@ -152,7 +156,7 @@ class EvalResult:
             "position  accept_rate  cond_accept_rate",
         ]
         lines += [f"{i + 1:>8}  {r:>11.3f}  {c:>16.3f}" for i, (r, c) in enumerate(zip(self.accept_rate, self.cond_accept_rate))]
-        lines.append(f"teacher-forced acc_0 on these answers (every position, true prefix): {self.tf_acc_0:.3f}")
+        lines.append(f"teacher-forced acc_0 on these answers (every position, true prefix): {self.tf_acc_0:.3f} ± {self.tf_acc_0_se:.3f}")
         spans = ", ".join(f"{name}: {acc:.3f}" for name, acc in self.tf_acc_0_by_span.items())
         lines.append(f"  by answer token (the first is the prefill's): {spans}")
         if self.fc_skipped:

@@ -328,8 +328,11 @@ def test_teacher_forced_spans_count_each_answer_token_once():
     assert result.tf_acc_0_by_span == {"2-16": 18 / 25, "17-64": 0.5, "65-128": 0.5, "129-256": 0.5, "257+": 0.5}
     assert result.tf_acc_0 == pytest.approx((18 + 24 + 32 + 64 + 22) / (25 + 48 + 64 + 128 + 44))
     assert result.metrics()["eval/tf_acc_0_tokens_2-16"] == 18 / 25 and "by answer token" in result.summary()
+    assert tally.tf_per_turn == [(150, 299), (10, 10)]  # the SE's units: each answer's hits and positions
+    assert result.tf_acc_0_se == pytest.approx(ratio_se([(150, 299), (10, 10)])) and result.tf_acc_0_se > 0
+    assert result.metrics()["eval/tf_acc_0_se"] == result.tf_acc_0_se and f"± {result.tf_acc_0_se:.3f}" in result.summary()
     empty = EvalResult.of(Tally(3), "aux", 0, False, [], 0, 1.0)
-    assert empty.tf_acc_0_by_span == {} and empty.tf_acc_0 == 0.0
+    assert empty.tf_acc_0_by_span == {} and empty.tf_acc_0 == 0.0 and math.isnan(empty.tf_acc_0_se)
 
 
 def test_teacher_forced_acc_0_is_the_training_step_0_accuracy_on_the_same_answers(target, references, fitted):
