@@ -46,8 +46,8 @@ from typing import Iterator
 from models.embedded import default_cache_root
 from trainer.data.conversation import Conversation, MalformedRecord, parse_sharegpt
 
-SOURCES = ("sharegpt", "evals", "codeio", "sharegpt_followups")
-DEFAULT_SOURCES = SOURCES[:3]  # sharegpt_followups: asked for by name
+DEFAULT_SOURCES = ("sharegpt", "evals", "codeio")
+SOURCES = (*DEFAULT_SOURCES, "sharegpt_followups")  # sharegpt_followups: asked for by name
 
 
 @dataclass(frozen=True)
