@@ -54,6 +54,7 @@ def test_wrong_type_is_refused():
     "override, key",
     [
         ("schedule.name=linear", "schedule.name"),
+        ("schedule.decay_ratio=0", "schedule.decay_ratio"),
         ("draft.ttt_steps=0", "draft.ttt_steps"),
         ("draft.intermediate_size=0", "draft.intermediate_size"),
         ("data.mix={web:1.0}", "data.mix"),
@@ -72,6 +73,26 @@ def test_schedules():
     assert lr_factor(cosine, 0, total) == pytest.approx(1 / 3) and lr_factor(cosine, warm, total) == pytest.approx(1.0)
     assert lr_factor(cosine, total - 1, total) < 0.01
     assert all(lr_factor(constant, s, total) == 1.0 for s in range(warm, total))
+
+
+def test_wsd_schedule_and_the_time_budget():
+    """wsd: warmup, constant, then a linear fall over the last decay_ratio of the run, by steps or by the
+    time budget's share spent, whichever is further; cosine reaches its floor when the time ends."""
+    wsd = _compose("schedule=wsd", "schedule.decay_ratio=0.25", "schedule.min_lr_ratio=0.1").schedule
+    total = 200
+    assert warmup_steps(wsd, total) == 3 and lr_factor(wsd, 0, total) == pytest.approx(1 / 3)
+    assert all(lr_factor(wsd, s, total) == 1.0 for s in range(3, 151))
+    assert lr_factor(wsd, 175, total) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert lr_factor(wsd, 200, total) == pytest.approx(0.1) and lr_factor(wsd, 10_000, total) == pytest.approx(0.1)
+    # a time-capped run: at step 10 of 200, with 87.5 % of trainer.max_time_s spent
+    assert lr_factor(wsd, 10, total, time_frac=0.875) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert lr_factor(wsd, 10, total, time_frac=1.3) == pytest.approx(0.1)
+    assert lr_factor(wsd, 1, total, time_frac=0.9) == pytest.approx(2 / 3)  # warmup stays by steps
+    cosine = _compose().schedule
+    assert lr_factor(cosine, 10, total, time_frac=0.0) > 0.99
+    assert lr_factor(cosine, 10, total, time_frac=1.0) == pytest.approx(0.0, abs=1e-12)
+    assert lr_factor(cosine, 10, total, time_frac=0.5) == pytest.approx(lr_factor(cosine, 100, total), abs=0.01)
+    assert all(lr_factor(_compose("schedule=constant").schedule, 10, total, time_frac=f) == 1.0 for f in (0.5, 1.0))
 
 
 @pytest.mark.parametrize(

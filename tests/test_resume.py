@@ -75,6 +75,23 @@ def test_resume_continues_bitwise(build, tmp_path):
     assert _losses(tmp_path / "a")[4] == _losses(tmp_path / "b")[4]
 
 
+def test_the_time_budget_counts_over_a_resume_and_drives_the_decay(build, tmp_path):
+    """trainer.max_time_s counts the seconds trained before a resume: a run resumed past half its budget
+    stops after one step, and the wsd schedule's LR is at its floor from the resumed clock on."""
+    wsd = ["schedule=wsd", "schedule.decay_ratio=1.0", "schedule.min_lr_ratio=0.1"]
+    first = build(tiny_config("trainer.max_steps=2", *wsd), tmp_path)
+    first.fit()
+    spent = ckpt.read_meta(tmp_path / "checkpoints" / "step_2")["position"]["train_s"]
+    assert spent > 0 and spent == pytest.approx(first.state.train_s)
+    again = ["trainer.max_steps=50", "trainer.resume=auto", "trainer.resume_allow=[schedule]", f"trainer.max_time_s={spent / 2}"]
+    resumed = build(tiny_config(*again, *wsd), tmp_path)
+    assert resumed.state.train_s == spent and resumed.built.clock.time_frac == pytest.approx(2.0)
+    summary = resumed.fit()
+    assert summary["steps"] == 3 and summary["stopped_by"] == "trainer.max_time_s"
+    lr = {r["step"]: r["train/lr"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if "train/lr" in r}
+    assert lr[3] == pytest.approx(resumed.cfg.schedule.lr * 0.1)  # by steps alone (3 of 50) it would be 0.94 x lr
+
+
 def test_resume_refuses_a_different_run_and_allows_a_deliberate_change(build, tmp_path):
     build(tiny_config("trainer.max_steps=2"), tmp_path).fit()
     # a draft vocab of another size (a recipe left off on resume) is refused before any tensor is built

@@ -19,7 +19,7 @@ from trainer.config import Config
 from trainer.data import EncodedSample, MixLoader, token_batches
 from trainer.dist import Parallel
 from trainer.flops import device_peak_tflops
-from trainer.schedule import draft_optimizer, lr_factor
+from trainer.schedule import RunClock, draft_optimizer, lr_factor
 from trainer.sources import PreparedData, TargetBundle, load_target, prepare_data, target_recipe, train_batcher
 from trainer.stream.feature_stream import TargetSource
 from trainer.ttt import TargetLabeler, TTTObjective
@@ -76,6 +76,7 @@ class Built:
     vocab: VocabMap  # the map trained with: built from this run's data, or the resumed checkpoint's
     labeler: TargetLabeler
     total_steps: int
+    clock: RunClock  # the training seconds the LR schedule reads (trainer.components.TimeCap keeps them)
     ds_model: object  # deepspeed.DeepSpeedEngine wrapping a TTTObjective (the draft and its loss)
     peak_tflops: float | None  # None: no perf/mfu
 
@@ -98,7 +99,7 @@ def build(cfg: Config, par: Parallel, ckpt_root: Path) -> Built:
         check_resume(cfg, resume_from, identity.fingerprint(built))  # before anything is built to the checkpoint's shapes
     vocab = VocabMap.load(resume_from / ckpt.VOCAB_FILE) if resume_from else built
     labeler = TargetLabeler(head.lm_head_weight, vocab.draft_to_target.to(par.device), vocab.t2d.to(par.device))
-    total = total_steps(cfg, data, loader, par)
+    total, clock = total_steps(cfg, data, loader, par), RunClock(cfg.trainer.max_time_s)
     return Built(
         dtype=dtype,
         target=target,
@@ -112,7 +113,8 @@ def build(cfg: Config, par: Parallel, ckpt_root: Path) -> Built:
         vocab=vocab,
         labeler=labeler,
         total_steps=total,
-        ds_model=deepspeed_model(cfg, target, shape, vocab, total, dtype, par.device),
+        clock=clock,
+        ds_model=deepspeed_model(cfg, target, shape, vocab, total, clock, dtype, par.device),
         peak_tflops=device_peak_tflops(cfg.trainer.peak_tflops, par.device.type),
     )
 
@@ -166,7 +168,14 @@ def pointwise_for(cfg: Config, device: torch.device) -> Pointwise:
 
 
 def deepspeed_model(
-    cfg: Config, target: TargetBundle, shape: DraftShape, vocab: VocabMap, total: int, dtype: torch.dtype, device: torch.device
+    cfg: Config,
+    target: TargetBundle,
+    shape: DraftShape,
+    vocab: VocabMap,
+    total: int,
+    clock: RunClock,
+    dtype: torch.dtype,
+    device: torch.device,
 ):
     """The draft, initialised from the target's embedding and lm_head, in its TTT objective under DeepSpeed."""
     import deepspeed
@@ -178,7 +187,7 @@ def deepspeed_model(
     params = [p for p in objective.parameters() if p.requires_grad]
     s = cfg.schedule
     opt = draft_optimizer(params, s, device)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(s, step, total))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(s, step, total, clock.time_frac))
     config = deepspeed_config(cfg, dtype == torch.bfloat16)
     engine, *_ = deepspeed.initialize(model=objective, optimizer=opt, lr_scheduler=sched, config=config)
     return engine

@@ -38,6 +38,7 @@ class Position:
     step: int  # optimizer steps done
     epoch: int  # epoch in progress
     micro: int  # micro-batches of that epoch already consumed (on every rank)
+    train_s: float = 0.0  # training seconds up to here, over every resume (rank 0's; trainer.max_time_s counts them)
 
 
 def vocab_digest(vocab: VocabMap) -> str:

@@ -6,7 +6,7 @@ order, at each optimizer-step boundary; one that acts only at some steps says wh
   MetricsLog  the log window and its row (losses, accuracies, throughput, MFU) every trainer.log_every
   Checkpointer  saves every trainer.checkpoint_every and on a stop signal; resumes; ``StopSignals``
   Validator   export -> verify -> serving eval, every trainer.export_every and at the end
-  TimeCap     ends the run after trainer.max_time_s of training
+  TimeCap     ends the run after trainer.max_time_s of training (over every resume); the LR schedule reads its clock
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from trainer.config import Config
 from trainer.dist import Parallel
 from trainer.flops import flops_per_token, mfu
 from trainer.report import metrics as M
+from trainer.schedule import RunClock
 from trainer.sources import with_eval_target
 from trainer.ttt import TTTOutput, simulated_accept_length
 
@@ -67,7 +68,7 @@ class Counters:
 
     def after_step(self, at: StepEnd) -> None:
         self.step += 1
-        self.pos = ckpt.Position(self.step, at.epoch, at.consumed)
+        self.pos = ckpt.Position(self.step, at.epoch, at.consumed, self.train_s)
 
     def stopped_by(self, max_steps: int | None) -> str:
         """The cap that ended the run (the summary's ``stopped_by``)."""
@@ -311,7 +312,8 @@ class Checkpointer:
         """Continue from the checkpoint at ``path`` (``build`` has checked it): weights, optimizer, position, data order."""
         self.state.pos, data_state = ckpt.load(self.built.ds_model, path)
         self.built.loader.load_state_dict(data_state, strict="data" not in self.cfg.trainer.resume_allow)
-        self.state.step = self.state.pos.step
+        self.state.step, self.state.train_s = self.state.pos.step, self.state.pos.train_s
+        self.built.clock.spent_s = self.state.pos.train_s
 
     def save(self) -> Path:
         pos, b = self.state.pos, self.built
@@ -398,14 +400,18 @@ class Validator:
 
 
 class TimeCap:
-    """Ends the run once this process has trained trainer.max_time_s seconds (every rank agrees)."""
+    """Ends the run once it has trained trainer.max_time_s seconds, counted over every resume (every rank
+    agrees, on the slowest rank's count), and keeps the LR schedule's clock."""
 
-    def __init__(self, max_time_s: float | None, device: torch.device, state: Counters):
-        self.max_time_s, self.device, self.state = max_time_s, device, state
+    def __init__(self, device: torch.device, state: Counters, clock: RunClock):
+        self.device, self.state, self.clock = device, state, clock
 
     def after_step(self, at: StepEnd) -> None:
-        if self.max_time_s is not None:
-            self.state.out_of_time = not all_agree(self.state.train_s < self.max_time_s, self.device)
+        if self.clock.max_time_s is not None:
+            spent = torch.tensor([self.state.train_s], device=self.device, dtype=torch.float64)
+            torch.distributed.all_reduce(spent, op=torch.distributed.ReduceOp.MAX)
+            self.clock.spent_s = spent.item()
+            self.state.out_of_time = self.clock.time_frac >= 1.0
 
 
 def metrics_only(served: dict) -> dict[str, float]:

@@ -126,18 +126,20 @@ class DataConfig:
 
 @dataclass
 class ScheduleConfig:
-    name: str = "cosine"  # cosine | constant
+    name: str = "cosine"  # cosine | constant | wsd (warmup, constant, linear decay over the run's last decay_ratio)
     lr: float = 1e-4
     warmup_ratio: float = 0.015
-    min_lr_ratio: float = 0.0  # cosine floor as a fraction of lr
+    min_lr_ratio: float = 0.0  # the floor of the cosine and wsd decays, as a fraction of lr
+    decay_ratio: float = 0.2  # wsd: the share of the run (steps or trainer.max_time_s) over which the LR falls
     weight_decay: float = 0.01
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
 
     def __post_init__(self) -> None:
-        _require(self.name in ("cosine", "constant"), "schedule.name", f"{self.name!r} is not cosine or constant")
+        _require(self.name in ("cosine", "constant", "wsd"), "schedule.name", f"{self.name!r} is not cosine, constant or wsd")
         _require(self.lr > 0, "schedule.lr", "must be positive")
         _require(0 <= self.warmup_ratio < 1, "schedule.warmup_ratio", "must be in [0, 1)")
         _require(0 <= self.min_lr_ratio <= 1, "schedule.min_lr_ratio", "must be in [0, 1]")
+        _require(0 < self.decay_ratio <= 1, "schedule.decay_ratio", "must be in (0, 1]")
         _require(len(self.betas) == 2, "schedule.betas", "needs two values")
 
 

@@ -66,7 +66,7 @@ class Trainer:
             self.metrics,
             self.checkpointer,
             self.validator,
-            TimeCap(cfg.trainer.max_time_s, self.par.device, self.state),
+            TimeCap(self.par.device, self.state, b.clock),
         ]
         if self.par.is_main:  # the serving eval's prompts: `python -m serving.eval ... --prompts RUN/eval_prompts.jsonl`
             write_prompt_file(b.prompts, self.run_dir / EVAL_PROMPTS_FILE)
@@ -126,7 +126,7 @@ class Trainer:
             for epoch in range(self.state.pos.epoch, self.cfg.trainer.epochs):
                 if not self._epoch(epoch, bar):
                     break
-                self.state.pos = ckpt.Position(self.state.step, epoch + 1, 0)
+                self.state.pos = ckpt.Position(self.state.step, epoch + 1, 0, self.state.train_s)
                 self.checkpointer.save()
             else:
                 return

@@ -1,28 +1,52 @@
 """The draft's optimizer (AdamW) and its learning-rate schedules: linear warmup, then cosine
-decay or a constant LR."""
+decay, a constant LR, or warmup-stable-decay (constant, then a linear fall over the run's end).
+
+A run's progress is the larger of its steps done and, under ``trainer.max_time_s``, its share of
+the time budget spent: a time-capped run ends its decay when its time ends, not at the step
+count its epochs would have taken."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from trainer.config import ScheduleConfig
 
 
+@dataclass
+class RunClock:
+    """A run's training seconds against ``trainer.max_time_s`` (the slowest rank's, over every resume)."""
+
+    max_time_s: float | None = None
+    spent_s: float = 0.0
+
+    @property
+    def time_frac(self) -> float:
+        """The share of the time budget spent; 0 without one."""
+        return 0.0 if self.max_time_s is None else self.spent_s / self.max_time_s
+
+
 def warmup_steps(cfg: ScheduleConfig, total_steps: int) -> int:
     return math.ceil(cfg.warmup_ratio * total_steps)
 
 
-def lr_factor(cfg: ScheduleConfig, step: int, total_steps: int) -> float:
-    """Multiplier of ``cfg.lr`` at optimizer step ``step`` (0-based) of ``total_steps``."""
+def lr_factor(cfg: ScheduleConfig, step: int, total_steps: int, time_frac: float = 0.0) -> float:
+    """Multiplier of ``cfg.lr`` at optimizer step ``step`` (0-based) of ``total_steps``, with
+    ``time_frac`` of the run's time budget spent."""
     warm = warmup_steps(cfg, total_steps)
     if step < warm:
         return (step + 1) / warm
     if cfg.name == "constant":
         return 1.0
-    progress = (step - warm) / max(1, total_steps - warm)
-    cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    done = min(1.0, max(step / max(1, total_steps), time_frac))  # the run's progress
+    if cfg.name == "wsd":
+        left = (1.0 - done) / cfg.decay_ratio  # 1 where the decay starts, 0 at the end
+        return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * min(1.0, left)
+    start = warm / max(1, total_steps)
+    progress = max(0.0, done - start) / max(1e-12, 1.0 - start)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * cosine
 
 
