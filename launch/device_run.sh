@@ -18,7 +18,7 @@
 #                                                   # (sharegpt codeio evals sharegpt_256; NAME: heldout_NAME.jsonl,
 #                                                   # else NAME.jsonl; _256: 256 new tokens; "" for none)
 #   launch/device_run.sh baseline CORPORA_DIR       # the embedded default recipe, tau on the same held-out files
-#   launch/device_run.sh study CORPORA_DIR          # data size x LR regime on the recipe's answers (waits for them)
+#   launch/device_run.sh study CORPORA_DIR          # data size x LR regime on RECIPE_NAME's answers (waits for them)
 #   launch/device_run.sh genbench                   # generation speeds (transformers, SGLang; 1-4 replicas; GEN_VARIANTS)
 #   launch/device_run.sh gputests                   # the whole gpu marker (two GPUs for the tensor-parallel tests;
 #                                                   # GPU_TESTS_K: a -k expression, a part of it)
@@ -122,11 +122,11 @@ baseline)
     "$c"/heldout_evals.jsonl --k 6 3 --max-new-tokens 128 --json $r/tau.json 2>&1 | tee $r/tau.log | grep "tau ="
   ;;
 study)
-  # the answered prompts shuffled (seed 0: each size holds the sources in the file's proportions; the file is in source
+  # RECIPE_NAME's answered prompts (waits for them) shuffled (seed 0: each size holds the sources in the file's proportions; the file is in source
   # order), base = the first 1000; sizes 1x, 4x, 16x and all; the h200_quality recipe's data settings.
   # STUDY_DEVICES="0 1": the points spread over both GPUs, STUDY_PARALLEL at once on each (4 x 17-25 GB fit an H200, 8 did not)
-  c=$2 r=/tmp/res/study a=/tmp/res/recipe/answered.jsonl; mkdir -p $r/data
-  while [ ! -f /tmp/res/recipe/answered.done ]; do sleep 5; done
+  c=$2 r=/tmp/res/study a=/tmp/res/${RECIPE_NAME:-recipe}/answered.jsonl; mkdir -p $r/data
+  while [ ! -f "${a%.jsonl}.done" ]; do sleep 5; done
   python3 - $a $r/data <<'PY'
 import random, sys
 from pathlib import Path
