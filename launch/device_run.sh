@@ -8,11 +8,13 @@
 #   launch/device_run.sh bg NAME GPU COMMAND...     # COMMAND on one GPU in the background (survives the call);
 #                                                   # CPUS=LIST: pinned to those cores (taskset), jobs kept apart
 #   launch/device_run.sh collect                    # job states + results (/tmp/res) into $OUT (JIT=1: + the JIT
-#                                                   # cache; DATA=1: + the answers of recipe RECIPE_NAME, for ANSWERED)
+#                                                   # cache; DATA=1: + the answers of recipe RECIPE_NAME, for ANSWERED,
+#                                                   # and its sampled ones)
 #   launch/device_run.sh recipe CORPORA_DIR         # the H200 quality recipe: SGLang generation (NEW_TOKENS, 128;
 #                                                   # REPLICAS, 1, as engines start one at a time; ANSWERED=FILE.gz:
 #                                                   # reuse earlier answers, REGEN=1: and answer the prompts they
-#                                                   # lack), training, tau; RECIPE_ARGS: more
+#                                                   # lack; SAMPLED=T: the ShareGPT prompts again at temperature T,
+#                                                   # a second source), training, tau; RECIPE_ARGS: more
 #                                                   # trainer overrides, RECIPE_NAME: its results dir (recipe),
 #                                                   # RECIPE_EVALS: the prompt files the trainer's decoding runs on
 #                                                   # (sharegpt codeio evals sharegpt_256; NAME: heldout_NAME.jsonl,
@@ -77,6 +79,7 @@ collect)
   [ -z "${JIT:-}" ] || tar czf "$OUT/jitcache.tgz" -C ~ .cache/tvm-ffi .cache/flashinfer || true
   a=/tmp/res/${RECIPE_NAME:-recipe}
   [ -z "${DATA:-}" ] || [ ! -f $a/answered.done ] || gzip -c $a/answered.jsonl > "$OUT/answered.jsonl.gz"
+  [ -z "${DATA:-}" ] || [ ! -f $a/sampled.jsonl ] || gzip -c $a/sampled.jsonl > "$OUT/sampled.jsonl.gz"
   ls -la "$OUT"
   ;;
 recipe)
@@ -94,7 +97,16 @@ recipe)
     tail -3 $r/regenerate.log
   fi
   touch $r/answered.done
-  train=(python3 -m trainer +experiment=h200_quality data.sources.openai.path=$r/answered.jsonl
+  # SAMPLED=T: the ShareGPT prompts answered again at temperature T (top-p 0.95, seed 1), a second source beside them
+  sampled=()
+  if [ -n "${SAMPLED:-}" ]; then
+    phase sample python3 -m trainer.regenerate --engine sglang --prompts "$c"/train_prompts.jsonl.gz --sources sharegpt \
+      sharegpt_followups --output $r/sampled.jsonl --max-new-tokens "${NEW_TOKENS:-128}" --temperature "$SAMPLED" --top-p 0.95 \
+      --seed 1 2>&1 | clean > $r/sample.log
+    tail -2 $r/sample.log
+    sampled=("data=[openai,sampled]" data.sources.sampled.path=$r/sampled.jsonl)
+  fi
+  train=(python3 -m trainer +experiment=h200_quality data.sources.openai.path=$r/answered.jsonl "${sampled[@]}"
     trainer.eval_prompts_file="$c"/heldout_sharegpt.jsonl trainer.eval_prompts=16
     "data.heldout_prompt_files=[$c/heldout_codeio.jsonl,$c/heldout_evals.jsonl]" ${RECIPE_ARGS:-})
   run=$r/run; phase train "${train[@]}" engine=sglang hydra.run.dir=$run 2>&1 | clean > $r/train.log

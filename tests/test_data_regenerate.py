@@ -199,6 +199,28 @@ def test_cli_on_a_file_source(tiny_target, tmp_path):
         R.GenerationSettings(temperature=-1)
 
 
+def test_sources_pick_the_records_of_a_prepared_prompt_file(tmp_path):
+    """--sources keeps the records of the named corpora sources, in file order, with their keys."""
+    records = [
+        {"id": "sharegpt:a_0", "source": "sharegpt", "turns": ["Hi", "And then?"]},
+        {"id": "evals:x:1", "source": "evals", "task": "x", "prompt": "2+2?"},
+        {"id": "sharegpt_followups:b_1:0", "source": "sharegpt_followups", "prompt": "Shorter, please."},
+    ]
+    path = tmp_path / "train_prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    convs, extras = R.prompt_conversations(path, ["sharegpt", "sharegpt_followups"])
+    assert [c[0]["content"] for c in convs] == ["Hi", "Shorter, please."] and len(convs[0]) == 4
+    assert extras == [{"source": "sharegpt"}, {"source": "sharegpt_followups"}]
+    assert len(R.prompt_conversations(path)[0]) == 3
+    with pytest.raises(ValueError, match=r"train_prompts.jsonl: no record of source codeio"):
+        R.prompt_conversations(path, ["codeio"])
+    path.write_text(json.dumps({"prompt": "no source here"}) + "\n")
+    with pytest.raises(ValueError, match=r"train_prompts.jsonl:1: --sources needs a 'source' key"):
+        R.prompt_conversations(path, ["sharegpt"])
+    with pytest.raises(ValueError, match="give --prompts"):
+        R.main(["--output", str(tmp_path / "o.jsonl"), "--sources", "sharegpt"])
+
+
 def test_greedy_generates_a_repeated_prompt_once(generator, tmp_path):
     again = [CONVS[0][0], {"role": "assistant", "content": "Another original answer."}]
     greedy = R.regenerate([CONVS[0], again, CONVS[3]], generator, tmp_path / "g.jsonl", SETTINGS, {}, progress=False)

@@ -319,6 +319,11 @@ def test_data_groups_combine_and_mix_overrides_replace():
     assert cfg.mix == {"sharegpt": 0.3, "ultrachat": 0.7} and set(cfg.sources) == {"sharegpt", "ultrachat"}
     cfg = _compose("data=[chatterbot,openai]", "data.sources.openai.path=/r.jsonl", "data.mix={chatterbot: 1, openai: 3}")
     assert cfg.mix == {"chatterbot": 1, "openai": 3} and cfg.sources["openai"].format == "openai"
+    cfg = _compose("data=[openai,sampled]", "data.sources.openai.path=/greedy.jsonl", "data.sources.sampled.path=/t06.jsonl")
+    assert {n: (c.format, c.path) for n, c in cfg.sources.items()} == {
+        "openai": ("openai", "/greedy.jsonl"),
+        "sampled": ("openai", "/t06.jsonl"),
+    }
     with pytest.raises(ValueError, match="data.sources.sharegpt.path: format sharegpt needs a local path"):
         _compose("data=sharegpt")
     with pytest.raises(ValueError, match="data.mix: must be a non-empty"):
@@ -338,3 +343,25 @@ def test_prepare_data_cuts_answers_on_both_sides(tmp_path, tokenizer):
     assert cut.report()["answers_cut"] == len(cut.train["sg"])
     with pytest.raises(ValueError, match="data.answer_tokens"):
         DataConfig(sources=source, answer_tokens=0)
+
+
+def test_greedy_and_sampled_answers_of_a_prompt_fall_on_one_side(tmp_path, tokenizer):
+    """Two answer files to the same prompts (conf/data/sampled.yaml): the split keys on the first user
+    turn, so a prompt held out of one source is held out of the other."""
+    files = {}
+    for name, answer in (("openai", "The answer is {i}."), ("sampled", "Well, it is {i}, I think.")):
+        files[name] = tmp_path / f"{name}.jsonl"
+        files[name].write_text(
+            "".join(
+                json.dumps(
+                    {"messages": [{"role": "user", "content": f"Prompt number {i}?"}, {"role": "assistant", "content": answer.format(i=i)}]}
+                )
+                + "\n"
+                for i in range(80)
+            )
+        )
+    sources = {name: DataSourceConfig(format="openai", path=str(path)) for name, path in files.items()}
+    prepared = prepare_data(DataConfig(sources=sources, holdout_fraction=0.2, max_len=64, max_tokens=256), tokenizer, 0)
+    held = {name: sorted(c[0]["content"] for c in prepared.eval_conversations[name]) for name in files}
+    assert held["openai"] == held["sampled"] and 0 < len(held["openai"]) < 80
+    assert len(prepared.train["openai"]) == len(prepared.train["sampled"]) == 80 - len(held["openai"])

@@ -124,21 +124,29 @@ def done_ids(output: Path) -> set[str]:
     return ids
 
 
-def prompt_conversations(path: Path) -> tuple[list[Conversation], list[dict]]:
+def prompt_conversations(path: Path, sources: Sequence[str] | None = None) -> tuple[list[Conversation], list[dict]]:
     """A prompt file's prompts as conversations with an empty assistant turn (to generate) after
-    each user turn, and each record's keys other than the prompt and its id."""
+    each user turn, and each record's keys other than the prompt and its id; ``sources``: only the
+    records whose ``source`` (``trainer.corpora prepare`` writes one) is among them."""
     from serving.prompts import parse_prompt
 
     convs, extras = [], []
     for record in json_lines(path):
         if record.error is not None:
             raise ValueError(f"{record.where}: {record.error}")
+        if sources is not None:
+            if "source" not in record.value:
+                raise ValueError(f"{record.where}: --sources needs a 'source' key in every record (trainer.corpora prepare writes one)")
+            if record.value["source"] not in sources:
+                continue
         spec = parse_prompt(record.value, record.where)
         conv = [*spec.context, {"role": "assistant", "content": ""}]
         for follow_up in spec.follow_ups:
             conv += [{"role": "user", "content": follow_up}, {"role": "assistant", "content": ""}]
         convs.append(conv)
         extras.append({k: v for k, v in record.value.items() if k not in ("id", "prompt", "messages", "turns")})
+    if sources is not None and not convs:
+        raise ValueError(f"{path}: no record of source {', '.join(sources)}")
     return convs, extras
 
 
@@ -287,6 +295,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m trainer.regenerate", description=__doc__.split("\n\n")[0])
     p.add_argument("--output", required=True, type=Path, help="OpenAI-messages jsonl to write (appended to; done ids skipped)")
     p.add_argument("--prompts", type=Path, default=None, help="a prompt file (prompt / messages / turns records) instead of a source")
+    p.add_argument("--sources", nargs="+", default=None, help="with --prompts: only the records of these sources (their 'source' key)")
     p.add_argument("--format", default="chatterbot", choices=FORMATS, help="source format (default: chatterbot)")
     p.add_argument("--path", default=None, help="source file or directory (every format but chatterbot)")
     p.add_argument("--languages", nargs="+", default=["english"], help="chatterbot languages")
@@ -307,11 +316,13 @@ def main(argv: Sequence[str] | None = None) -> RegenReport:
     settings = GenerationSettings(args.max_new_tokens, args.temperature, args.top_p, batch_size, args.seed)
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    if args.sources is not None and args.prompts is None:
+        raise ValueError("--sources picks records of a --prompts file; give --prompts")
     if args.prompts is not None:
         if args.path is not None:
             raise ValueError("--prompts and --path name two inputs; give one")
-        convs, extras = prompt_conversations(args.prompts)
-        described = f"prompt file {args.prompts}: {len(convs)} prompts"
+        convs, extras = prompt_conversations(args.prompts, args.sources)
+        described = f"prompt file {args.prompts}: {len(convs)} prompts" + (f" of {' '.join(args.sources)}" if args.sources else "")
     else:
         convs, stats = read_source(
             args.format, args.path, languages=args.languages, split=args.split, on_error=args.on_error, name=f"source {args.format}"
