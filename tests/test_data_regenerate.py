@@ -51,6 +51,7 @@ class CallLog:
     def __init__(self, backend):
         self.backend, self.calls = backend, []
         self.name, self.path, self.tokenizer, self.stop_ids = backend.name, backend.path, backend.tokenizer, backend.stop_ids
+        self.context_len = backend.context_len
 
     def generate(self, prompts, settings, seed):
         self.calls.append(len(prompts))
@@ -130,8 +131,27 @@ def test_a_model_that_stops_gives_stop_and_clean_text(tiny_target, tmp_path):
     out = tmp_path / "stop.jsonl"
     report = R.regenerate(CONVS[:2], backend, out, SETTINGS, {}, progress=False)
     assert report.stopped_by_length == 0 and report.new_tokens == 0
-    assert all(r["generation"]["finish"] == ["stop"] * len(r["generation"]["finish"]) for r in _lines(out))
-    assert all(m["content"] == "" for r in _lines(out) for m in r["messages"] if m["role"] == "assistant")
+    # every answer is empty: both conversations are dropped and counted, none written
+    assert (report.empty, report.written, report.turns, out.read_text()) == (2, 0, 2, "")
+    assert "2 dropped for an empty answer" in report.line()
+    assert G.generate_chats(backend, [CONVS[0][:1]], SETTINGS, 0) == [G.Reply([], "", "stop")]
+
+
+def test_a_turn_that_does_not_fit_the_context_is_refused_and_its_conversation_dropped(generator, tmp_path):
+    """The tiny target takes 1,024 positions: a prompt of about 1,100 tokens is refused unsent, and
+    a conversation whose second turn outgrows the context is dropped after its first answer."""
+    long_ask = " ".join(["word"] * 1100)
+    grows = [{"role": "user", "content": " ".join(["word"] * 900)}, {"role": "assistant", "content": ""}]
+    grows += [{"role": "user", "content": "and more " * 80}, {"role": "assistant", "content": ""}]
+    convs = [CONVS[0], [{"role": "user", "content": long_ask}, {"role": "assistant", "content": ""}], grows]
+    assert generator.context_len == 1024
+    log = CallLog(generator)
+    out = tmp_path / "refused.jsonl"
+    report = R.regenerate(convs, log, out, R.GenerationSettings(max_new_tokens=6, batch_size=8), {}, progress=False)
+    assert (report.refused, report.written, report.turns) == (2, 1, 2)  # CONVS[0] and grows' first turn were generated
+    assert log.calls == [2]  # the long prompt was never sent; grows' second turn neither
+    assert [r["messages"][0]["content"] for r in _lines(out)] == ["Hi"]
+    assert "2 refused" in report.line()
 
 
 def test_restart_skips_done_records_and_cuts_a_torn_line(generator, tmp_path):
@@ -255,8 +275,10 @@ def test_sglang_results_become_replies(generator):
     assert (cut.tokens, cut.finish) == (hello, "length")
     empty = G.sglang_reply(sglang_result([2], {"type": "stop", "matched": 2}), tok)
     assert (empty.tokens, empty.text, empty.finish) == ([], "", "stop")
-    with pytest.raises(RuntimeError, match="abort"):
-        G.sglang_reply(sglang_result([], {"type": "abort", "message": "prompt too long", "status_code": 400, "err_type": None}), tok)
+    aborted = {"type": "abort", "message": "prompt too long", "status_code": 400, "err_type": None}
+    assert G.sglang_reply(sglang_result([], aborted), tok) == G.REFUSED
+    with pytest.raises(RuntimeError, match="unknown"):
+        G.sglang_reply(sglang_result([], {"type": "unknown"}), tok)
 
 
 def test_sglang_requests_carry_the_settings():

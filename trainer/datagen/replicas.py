@@ -49,7 +49,7 @@ def _serve(conn, settings: EngineSettings, threads: int) -> None:
         conn.send(("error", traceback.format_exc()))
         return
     try:
-        conn.send(("ready", backend.name, list(backend.stop_ids)))
+        conn.send(("ready", backend.name, list(backend.stop_ids), backend.context_len))
         while (msg := conn.recv()) is not STOP:
             try:
                 conn.send(("ok", backend.generate(*msg)))
@@ -82,8 +82,8 @@ class ReplicatedBackend:
                 child.close()
                 self.procs.append(proc)
                 self.conns.append(parent)
-                _, name, stop_ids = self._receive(k, "ready")
-            self.name, self.stop_ids = name, stop_ids
+                _, name, stop_ids, context_len = self._receive(k, "ready")
+            self.name, self.stop_ids, self.context_len = name, stop_ids, context_len
         except BaseException:
             self.close()
             raise
