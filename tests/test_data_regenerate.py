@@ -144,7 +144,8 @@ def test_a_turn_that_does_not_fit_the_context_is_refused_and_its_conversation_dr
     grows = [{"role": "user", "content": " ".join(["word"] * 900)}, {"role": "assistant", "content": ""}]
     grows += [{"role": "user", "content": "and more " * 80}, {"role": "assistant", "content": ""}]
     convs = [CONVS[0], [{"role": "user", "content": long_ask}, {"role": "assistant", "content": ""}], grows]
-    assert generator.context_len == 1024
+    assert generator.context_len == 1024 == G.target_context(generator.path)  # what the SGLang backend reads
+    assert G.target_context(generator.path, [("context_length", 512), ("cuda_graph_max_bs", 8)]) == 512
     log = CallLog(generator)
     out = tmp_path / "refused.jsonl"
     report = R.regenerate(convs, log, out, R.GenerationSettings(max_new_tokens=6, batch_size=8), {}, progress=False)
