@@ -14,7 +14,8 @@
 #                                                   # REPLICAS, 1, as engines start one at a time; ANSWERED=FILE.gz:
 #                                                   # reuse earlier answers, REGEN=1: and answer the prompts they
 #                                                   # lack; SAMPLED=T: the ShareGPT prompts again at temperature T,
-#                                                   # a second source), training, tau; RECIPE_ARGS: more
+#                                                   # a second source, SAMPLED_FROM=FILE.gz: some of them done),
+#                                                   # training, tau; RECIPE_ARGS: more
 #                                                   # trainer overrides, RECIPE_NAME: its results dir (recipe),
 #                                                   # RECIPE_EVALS: the prompt files the trainer's decoding runs on
 #                                                   # (sharegpt codeio evals sharegpt_256; NAME: heldout_NAME.jsonl,
@@ -97,9 +98,11 @@ recipe)
     tail -3 $r/regenerate.log
   fi
   touch $r/answered.done
-  # SAMPLED=T: the ShareGPT prompts answered again at temperature T (top-p 0.95, seed 1), a second source beside them
+  # SAMPLED=T: the ShareGPT prompts answered again at temperature T (top-p 0.95, seed 1), a second source beside them;
+  # SAMPLED_FROM=FILE.gz: sampled answers brought back earlier (collect DATA=1), the rest answered (resumes by id)
   sampled=()
   if [ -n "${SAMPLED:-}" ]; then
+    [ -z "${SAMPLED_FROM:-}" ] || gunzip -c "$SAMPLED_FROM" > $r/sampled.jsonl
     phase sample python3 -m trainer.regenerate --engine sglang --prompts "$c"/train_prompts.jsonl.gz --sources sharegpt \
       sharegpt_followups --output $r/sampled.jsonl --max-new-tokens "${NEW_TOKENS:-128}" --temperature "$SAMPLED" --top-p 0.95 \
       --seed 1 2>&1 | clean > $r/sample.log
