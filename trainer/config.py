@@ -216,7 +216,7 @@ class WandbConfig:
 class TrainConfig:
     epochs: int = 1
     max_steps: Optional[int] = None  # optimizer steps; caps the run (smoke tests, step-capped recipes)
-    max_time_s: Optional[float] = None  # this process's training seconds (stream + draft steps, evaluations excluded); caps the run
+    max_time_s: Optional[float] = None  # caps the run's training seconds (stream + draft steps; a resume goes on counting)
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
     log_every: int = 10
