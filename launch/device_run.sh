@@ -137,8 +137,9 @@ baseline)
     "$c"/heldout_evals.jsonl --k 6 3 --max-new-tokens 128 --json $r/tau.json 2>&1 | tee $r/tau.log | grep "tau ="
   ;;
 study)
-  # RECIPE_NAME's answered prompts (waits for them) shuffled (seed 0: each size holds the sources in the file's proportions; the file is in source
-  # order), base = the first 1000; sizes 1x, 4x, 16x and all; the h200_quality recipe's data settings.
+  # RECIPE_NAME's answered prompts (waits for them) shuffled (seed 0: each size holds the sources in the file's
+  # proportions; the file is in source order), base = the first 1000; sizes 1x, 4x, 16x and all; the h200_quality
+  # recipe's data settings.
   # STUDY_DEVICES="0 1": the points spread over both GPUs, STUDY_PARALLEL at once on each (4 x 17-25 GB fit an H200, 8 did not)
   c=$2 r=/tmp/res/study a=/tmp/res/${RECIPE_NAME:-recipe}/answered.jsonl; mkdir -p $r/data
   while [ ! -f "${a%.jsonl}.done" ]; do sleep 5; done
