@@ -267,7 +267,7 @@ def sglang_result(output_ids, finish_reason):
     return {"output_ids": output_ids, "meta_info": meta}
 
 
-def test_sglang_results_become_replies(generator):
+def test_sglang_results_become_replies(generator, caplog):
     tok = generator.tokenizer
     hello = tok("Hello there", add_special_tokens=False)["input_ids"]
     stopped = G.sglang_reply(sglang_result(hello + [2], {"type": "stop", "matched": 2}), tok)
@@ -278,6 +278,7 @@ def test_sglang_results_become_replies(generator):
     assert (empty.tokens, empty.text, empty.finish) == ([], "", "stop")
     aborted = {"type": "abort", "message": "prompt too long", "status_code": 400, "err_type": None}
     assert G.sglang_reply(sglang_result([], aborted), tok) == G.REFUSED
+    assert "SGLang aborted a request (its conversation is dropped): prompt too long" in caplog.text
     with pytest.raises(RuntimeError, match="unknown"):
         G.sglang_reply(sglang_result([], {"type": "unknown"}), tok)
 

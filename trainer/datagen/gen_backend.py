@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,8 @@ import torch  # noqa: E402
 
 from models.sglang_target import import_sglang  # noqa: E402
 from serving.prompts import stop_ids_of  # noqa: E402
+
+log = logging.getLogger(__name__)
 
 ENGINES = ("hf", "sglang", "auto")
 FINISHES = ("stop", "length")  # a generation's ends; REFUSED is the reply to a prompt that got none
@@ -326,6 +329,7 @@ def sglang_reply(out: dict, tokenizer) -> Reply:
     reason = out["meta_info"]["finish_reason"] or {}
     kind = reason.get("type")
     if kind == "abort":
+        log.warning("SGLang aborted a request (its conversation is dropped): %s", reason.get("message"))
         return REFUSED
     if kind not in FINISHES:
         raise RuntimeError(f"SGLang ended a request with {reason!r} (expected a stop or length finish)")
