@@ -1,7 +1,7 @@
 """Time the trainer's data preparation (``trainer.sources.prepare_data``: read, split, leak
 check, chat template, tokens and loss masks) for a config, as a run would do it.
 
-    python launch/bench_prepare.py --out prepare.json -- +experiment=h200_quality \\
+    python launch/bench_prepare.py --out prepare.json -- +experiment=h200_quality data=openai \\
         data.sources.openai.path=outputs/corpora/answered.jsonl
 
 Everything after ``--`` is a Hydra override of the trainer's config. Prints a table and writes

@@ -14,7 +14,8 @@
 #                                                   # REPLICAS, 1, as engines start one at a time; ANSWERED=FILE.gz:
 #                                                   # reuse earlier answers, REGEN=1: and answer the prompts they
 #                                                   # lack; SAMPLED=T: the ShareGPT prompts again at temperature T,
-#                                                   # a second source, SAMPLED_FROM=FILE.gz: some of them done),
+#                                                   # 0.6, a second source ("": none), SAMPLED_FROM=FILE.gz: some
+#                                                   # of them done),
 #                                                   # training, tau; RECIPE_ARGS: more
 #                                                   # trainer overrides, RECIPE_NAME: its results dir (recipe),
 #                                                   # RECIPE_EVALS: the prompt files the trainer's decoding runs on
@@ -75,7 +76,7 @@ collect)
     echo "== $name: $state"; clean < "$log" | tail -n "${TAIL:-6}"
   done
   nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader || true
-  (cd /tmp/res && tar czf "$OUT/res.tgz" --exclude='study/data' --exclude='*.jsonl.gz' --exclude='answered*.jsonl' --exclude='checkpoints' \
+  (cd /tmp/res && tar czf "$OUT/res.tgz" --exclude='study/data' --exclude='*.jsonl.gz' --exclude='answered*.jsonl' --exclude='sampled.jsonl' --exclude='checkpoints' \
      --exclude='*.safetensors' --exclude='wandb' --exclude='*.pt' .) || true
   [ -z "${JIT:-}" ] || tar czf "$OUT/jitcache.tgz" -C ~ .cache/tvm-ffi .cache/flashinfer || true
   a=/tmp/res/${RECIPE_NAME:-recipe}
@@ -98,16 +99,17 @@ recipe)
     tail -3 $r/regenerate.log
   fi
   touch $r/answered.done
-  # SAMPLED=T: the ShareGPT prompts answered again at temperature T (top-p 0.95, seed 1), a second source beside them;
-  # SAMPLED_FROM=FILE.gz: sampled answers brought back earlier (collect DATA=1), the rest answered (resumes by id)
-  sampled=()
-  if [ -n "${SAMPLED:-}" ]; then
+  # SAMPLED=T (0.6): the ShareGPT prompts answered again at temperature T (top-p 0.95, seed 1), h200_quality's second
+  # source; SAMPLED="": the greedy answers alone. SAMPLED_FROM=FILE.gz: sampled answers brought back earlier (collect
+  # DATA=1), the rest answered (resumes by id)
+  sampled=(data=openai)
+  if [ -n "${SAMPLED-0.6}" ]; then
     [ -z "${SAMPLED_FROM:-}" ] || gunzip -c "$SAMPLED_FROM" > $r/sampled.jsonl
     phase sample python3 -m trainer.regenerate --engine sglang --prompts "$c"/train_prompts.jsonl.gz --sources sharegpt \
-      sharegpt_followups --output $r/sampled.jsonl --max-new-tokens "${NEW_TOKENS:-128}" --temperature "$SAMPLED" --top-p 0.95 \
-      --seed 1 2>&1 | clean > $r/sample.log
+      sharegpt_followups --output $r/sampled.jsonl --max-new-tokens "${NEW_TOKENS:-128}" --temperature "${SAMPLED-0.6}" \
+      --top-p 0.95 --seed 1 2>&1 | clean > $r/sample.log
     tail -2 $r/sample.log
-    sampled=("data=[openai,sampled]" data.sources.sampled.path=$r/sampled.jsonl)
+    sampled=(data.sources.sampled.path=$r/sampled.jsonl)
   fi
   train=(python3 -m trainer +experiment=h200_quality data.sources.openai.path=$r/answered.jsonl "${sampled[@]}"
     trainer.eval_prompts_file="$c"/heldout_sharegpt.jsonl trainer.eval_prompts=16
@@ -200,7 +202,7 @@ dp)
   c=$2 r=/tmp/res/${DP_DIR:-dp}; mkdir -p $r; shift 2  # DP_DIR: another results dir (a variant's runs)
   runs=${*:-sglang-one-ga1 sglang-one sglang-two colocated-one-ga1 colocated-one colocated-two}
   ds=(python3 -c "import sys; from deepspeed.launcher.runner import main; sys.exit(main())" --num_gpus 2 --no_local_rank)
-  common=(+experiment=h200_quality data.sources.openai.path=/tmp/res/recipe/answered.jsonl trainer.max_steps=${DP_STEPS:-30}
+  common=(+experiment=h200_quality data=openai data.sources.openai.path=/tmp/res/recipe/answered.jsonl trainer.max_steps=${DP_STEPS:-30}
     trainer.log_every=1 trainer.serve_eval=false trainer.eval_batches=1 trainer.eval_prompts_file="$c"/heldout_sharegpt.jsonl
     "data.heldout_prompt_files=[$c/heldout_codeio.jsonl,$c/heldout_evals.jsonl]" ${DP_ARGS:-})  # DP_ARGS: more overrides
   first=${CUDA_VISIBLE_DEVICES:-0}; first=${first%%,*}

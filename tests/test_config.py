@@ -38,6 +38,16 @@ def test_grok_100ep_is_constant_lr_for_100_epochs():
     assert cfg.schedule.name == "constant" and cfg.trainer.epochs == 100 and cfg.schedule.weight_decay > 0
 
 
+def test_h200_quality_trains_on_greedy_and_sampled_answers_and_data_openai_keeps_the_greedy():
+    cfg = _compose("+experiment=h200_quality")
+    assert {k: v.path for k, v in cfg.data.sources.items()} == {
+        "openai": "outputs/corpora/answered.jsonl",
+        "sampled": "outputs/corpora/sampled.jsonl",
+    }
+    assert cfg.draft.intermediate_size == 6144 and cfg.schedule.name == "wsd"
+    assert list(_compose("+experiment=h200_quality", "data=openai").data.sources) == ["openai"]
+
+
 def test_unknown_key_is_refused():
     with pytest.raises((ConfigCompositionException, ConfigKeyError)) as err:
         _compose("draft.ttt_step=3")
