@@ -156,7 +156,7 @@ PY
   all=$(( $(wc -l < $a) / 1000 )) devices=(); [ -z "${STUDY_DEVICES:-}" ] || devices=(--devices $STUDY_DEVICES)
   OMP_NUM_THREADS=${OMP_NUM_THREADS:-4} python3 launch/study.py --out $r --base-file $r/data/base.jsonl --synthetic $r/data/more.jsonl --sizes 1 4 16 $all \
     --max-steps "${STUDY_STEPS:-200}" --parallel "${STUDY_PARALLEL:-4}" "${devices[@]}" -- draft.vocab_size=32000 schedule.lr=5e-4 \
-    data.max_len=2048 data.max_tokens=16384 data.holdout_fraction=0.05 trainer.spec_tokens=6 trainer.log_every=50 \
+    data.max_len=2048 data.max_tokens=16384 data.answer_tokens=128 data.holdout_fraction=0.05 trainer.spec_tokens=6 trainer.log_every=50 \
     trainer.eval_prompts=64 trainer.eval_max_new_tokens=128 trainer.eval_prompts_file="$c"/heldout_sharegpt.jsonl \
     "data.heldout_prompt_files=[$c/heldout_codeio.jsonl,$c/heldout_evals.jsonl]"
   ;;

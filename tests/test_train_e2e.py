@@ -59,3 +59,11 @@ def test_two_ranks_train_disjoint_shards_to_identical_weights(tmp_path):
     for r in perf:
         ranks = [r["perf/stall_share_rank0"], r["perf/stall_share_rank1"]]
         assert all(0.0 <= s <= 1.0 for s in ranks) and r["perf/stall_share"] == pytest.approx(sum(ranks) / 2)
+
+
+def test_serve_eval_off_exports_and_verifies_without_decoding_and_says_so(tmp_path, capsys):
+    summary = run(tiny_config("trainer.max_steps=1", "trainer.serve_eval=false"), tmp_path)
+    assert summary["serve_eval"].startswith("off (trainer.serve_eval=false)") and "eval/accept_len" not in summary["eval"]
+    assert summary["verify"]["sglang"].startswith("OK") and (tmp_path / "export" / "sglang" / "config.json").exists()
+    err = capsys.readouterr().err
+    assert "verify both, no serving eval (trainer.serve_eval=false)" in err and "speculatively" not in err

@@ -372,11 +372,12 @@ class Validator:
         draft, head = b.ds_model.module.draft, b.target.head
         with deepspeed.zero.GatheredParameters(list(draft.parameters()), enabled=cfg.deepspeed.zero_stage == 3):
             if self.par.is_main:
-                tqdm.write(
-                    f"export for SGLang and vLLM to {self.run_dir / 'export'}, verify both, then decode "
-                    f"{len(b.prompts)} held-out prompts speculatively (serving eval)",
-                    file=sys.stderr,
+                then = (
+                    f"then decode {len(b.prompts)} held-out prompts speculatively (serving eval)"
+                    if cfg.trainer.serve_eval
+                    else "no serving eval (trainer.serve_eval=false)"
                 )
+                tqdm.write(f"export for SGLang and vLLM to {self.run_dir / 'export'}, verify both, {then}", file=sys.stderr)
                 source = b.target.path
 
                 def run(model) -> dict:
