@@ -15,7 +15,8 @@
 #                                                   # reuse earlier answers, REGEN=1: and answer the prompts they
 #                                                   # lack; SAMPLED=T: the ShareGPT prompts again at temperature T,
 #                                                   # 0.6, a second source ("": none), SAMPLED_FROM=FILE.gz: some
-#                                                   # of them done),
+#                                                   # of them done; GEN_MEM=F: the engines' memory share,
+#                                                   # GEN_ONLY=1: stop after the generation),
 #                                                   # training, tau; RECIPE_ARGS: more
 #                                                   # trainer overrides, RECIPE_NAME: its results dir (recipe),
 #                                                   # RECIPE_EVALS: the prompt files the trainer's decoding runs on
@@ -89,11 +90,13 @@ recipe)
   # transformers engine if that run fails), then SGLang serves the export: tau on each held-out file (k = 6 and 3)
   c=$2 r=/tmp/res/${RECIPE_NAME:-recipe}; mkdir -p $r
   phase() { local rc=0; echo "$1 start $(date +%s)" >> $r/times.txt; shift; "$@" || rc=$?; echo "end $(date +%s) exit $rc" >> $r/times.txt; }
+  # GEN_MEM=F: the generation engines take F of the free GPU memory (a GPU shared with another job)
+  gen_mem=(); [ -z "${GEN_MEM:-}" ] || gen_mem=(--mem-fraction-static "$GEN_MEM")
   # answers brought back from an earlier machine (collect with DATA=1); REGEN=1: then answer the prompts they lack
   [ -z "${ANSWERED:-}" ] || gunzip -c "$ANSWERED" > $r/answered.jsonl
   if [ -z "${ANSWERED:-}" ] || [ -n "${REGEN:-}" ]; then
     regen=(python3 -m trainer.regenerate --engine sglang --prompts "$c"/train_prompts.jsonl.gz --output $r/answered.jsonl
-      --max-new-tokens "${NEW_TOKENS:-128}")
+      --max-new-tokens "${NEW_TOKENS:-128}" "${gen_mem[@]}")
     phase regenerate "${regen[@]}" --replicas "${REPLICAS:-1}" 2>&1 | clean > $r/regenerate.log
     grep -q "conversations written" $r/regenerate.log || phase regenerate_1 "${regen[@]}" 2>&1 | clean >> $r/regenerate.log  # resumes
     tail -3 $r/regenerate.log
@@ -107,10 +110,11 @@ recipe)
     [ -z "${SAMPLED_FROM:-}" ] || gunzip -c "$SAMPLED_FROM" > $r/sampled.jsonl
     phase sample python3 -m trainer.regenerate --engine sglang --prompts "$c"/train_prompts.jsonl.gz --sources sharegpt \
       sharegpt_followups --output $r/sampled.jsonl --max-new-tokens "${NEW_TOKENS:-128}" --temperature "${SAMPLED-0.6}" \
-      --top-p 0.95 --seed 1 2>&1 | clean > $r/sample.log
+      --top-p 0.95 --seed 1 "${gen_mem[@]}" 2>&1 | clean > $r/sample.log
     tail -2 $r/sample.log
     sampled=(data.sources.sampled.path=$r/sampled.jsonl)
   fi
+  [ -z "${GEN_ONLY:-}" ] || exit 0  # GEN_ONLY=1: the generation alone (its times in times.txt)
   train=(python3 -m trainer +experiment=h200_quality data.sources.openai.path=$r/answered.jsonl "${sampled[@]}"
     trainer.eval_prompts_file="$c"/heldout_sharegpt.jsonl trainer.eval_prompts=16
     "data.heldout_prompt_files=[$c/heldout_codeio.jsonl,$c/heldout_evals.jsonl]" ${RECIPE_ARGS:-})
