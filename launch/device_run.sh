@@ -105,17 +105,17 @@ recipe)
   # SAMPLED=T (0.6): the ShareGPT prompts answered again at temperature T (top-p 0.95, seed 1), h200_quality's second
   # source; SAMPLED="": the greedy answers alone. SAMPLED_FROM=FILE.gz: sampled answers brought back earlier (collect
   # DATA=1), the rest answered (resumes by id)
-  sampled=(data=openai)
-  if [ -n "${SAMPLED-0.6}" ]; then
+  temperature=${SAMPLED-0.6} sources=(data=openai)
+  if [ -n "$temperature" ]; then
     [ -z "${SAMPLED_FROM:-}" ] || gunzip -c "$SAMPLED_FROM" > $r/sampled.jsonl
     phase sample python3 -m trainer.regenerate --engine sglang --prompts "$c"/train_prompts.jsonl.gz --sources sharegpt \
-      sharegpt_followups --output $r/sampled.jsonl --max-new-tokens "${NEW_TOKENS:-128}" --temperature "${SAMPLED-0.6}" \
+      sharegpt_followups --output $r/sampled.jsonl --max-new-tokens "${NEW_TOKENS:-128}" --temperature "$temperature" \
       --top-p 0.95 --seed 1 "${gen_mem[@]}" 2>&1 | clean > $r/sample.log
     tail -2 $r/sample.log
-    sampled=(data.sources.sampled.path=$r/sampled.jsonl)
+    sources=(data.sources.sampled.path=$r/sampled.jsonl)
   fi
   [ -z "${GEN_ONLY:-}" ] || exit 0  # GEN_ONLY=1: the generation alone (its times in times.txt)
-  train=(python3 -m trainer +experiment=h200_quality data.sources.openai.path=$r/answered.jsonl "${sampled[@]}"
+  train=(python3 -m trainer +experiment=h200_quality data.sources.openai.path=$r/answered.jsonl "${sources[@]}"
     trainer.eval_prompts_file="$c"/heldout_sharegpt.jsonl trainer.eval_prompts=16
     "data.heldout_prompt_files=[$c/heldout_codeio.jsonl,$c/heldout_evals.jsonl]" ${RECIPE_ARGS:-})
   run=$r/run; phase train "${train[@]}" engine=sglang hydra.run.dir=$run 2>&1 | clean > $r/train.log

@@ -39,11 +39,16 @@ PHASES = (STARTUP, UNTRAINED_EVAL, TRAINING, END_EVAL, SERVING_EVAL, REPORT)
 PERIODIC_EVAL = "serving eval between training steps (trainer.export_every)"  # a stop cuts it and the training short
 
 
+def all_reduce_scalar(value: float, device: torch.device, op: torch.distributed.ReduceOp) -> float:
+    """``value`` reduced over every rank by ``op`` (every rank calls)."""
+    t = torch.tensor([value], device=device, dtype=torch.float64)
+    torch.distributed.all_reduce(t, op=op)
+    return t.item()
+
+
 def all_agree(ok: bool, device: torch.device) -> bool:
     """True when ``ok`` holds on every rank (every rank calls)."""
-    flag = torch.tensor([1.0 if ok else 0.0], device=device)
-    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
-    return bool(flag.item())
+    return bool(all_reduce_scalar(1.0 if ok else 0.0, device, torch.distributed.ReduceOp.MIN))
 
 
 @dataclass
@@ -409,9 +414,7 @@ class TimeCap:
 
     def after_step(self, at: StepEnd) -> None:
         if self.clock.max_time_s is not None:
-            spent = torch.tensor([self.state.train_s], device=self.device, dtype=torch.float64)
-            torch.distributed.all_reduce(spent, op=torch.distributed.ReduceOp.MAX)
-            self.clock.spent_s = spent.item()
+            self.clock.spent_s = all_reduce_scalar(self.state.train_s, self.device, torch.distributed.ReduceOp.MAX)
             self.state.out_of_time = self.clock.time_frac >= 1.0
 
 
