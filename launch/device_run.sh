@@ -145,7 +145,7 @@ baseline)
 study)
   # RECIPE_NAME's answered prompts (waits for them) shuffled (seed 0: each size holds the sources in the file's
   # proportions; the file is in source order), base = the first 1000; sizes 1x, 4x, 16x and all; the h200_quality
-  # recipe's data settings.
+  # recipe's data settings. The largest sizes start first: their points are the longest.
   # STUDY_DEVICES="0 1": the points spread over both GPUs, STUDY_PARALLEL at once on each (4 x 17-25 GB fit an H200, 8 did not)
   c=$2 r=/tmp/res/study a=/tmp/res/${RECIPE_NAME:-recipe}/answered.jsonl; mkdir -p $r/data
   while [ ! -f "${a%.jsonl}.done" ]; do sleep 5; done
@@ -158,7 +158,7 @@ for name, part in (("base", lines[:1000]), ("more", lines[1000:])):
     (Path(sys.argv[2]) / f"{name}.jsonl").write_text("\n".join(part) + "\n", encoding="utf-8")
 PY
   all=$(( $(wc -l < $a) / 1000 )) devices=(); [ -z "${STUDY_DEVICES:-}" ] || devices=(--devices $STUDY_DEVICES)
-  OMP_NUM_THREADS=${OMP_NUM_THREADS:-4} python3 launch/study.py --out $r --base-file $r/data/base.jsonl --synthetic $r/data/more.jsonl --sizes 1 4 16 $all \
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-4} python3 launch/study.py --out $r --base-file $r/data/base.jsonl --synthetic $r/data/more.jsonl --sizes $all 16 4 1 \
     --max-steps "${STUDY_STEPS:-200}" --parallel "${STUDY_PARALLEL:-4}" "${devices[@]}" -- draft.vocab_size=32000 schedule.lr=5e-4 \
     data.max_len=2048 data.max_tokens=16384 data.answer_tokens=128 data.holdout_fraction=0.05 trainer.spec_tokens=6 trainer.log_every=50 \
     trainer.eval_prompts=64 trainer.eval_max_new_tokens=128 trainer.eval_prompts_file="$c"/heldout_sharegpt.jsonl \
