@@ -343,37 +343,64 @@ def table(results: Sequence[dict], parallel: int = 1) -> str:
 
 
 def plot(results: Sequence[dict], path: Path) -> None:
+    """τ against training time and tokens seen (a mark per evaluation, a colour per size, a marker and line style
+    per regime), and the final τ against the number of training conversations (a line per regime)."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(12, 4.5))
-    axes = fig.subplots(1, 2)
+    fig = Figure(figsize=(17, 4.5))
+    axes = fig.subplots(1, 3)
+    done = [r for r in results if "error" not in r and r["curve"]]
     sizes = sorted({r["size"] for r in results})
     regimes = sorted({r["regime"] for r in results})
     colors = colormaps["viridis"]
-    for r in results:
-        if "error" in r or not r["curve"]:
-            continue
+    for r in done:
         color = colors(sizes.index(r["size"]) / max(1, len(sizes) - 1))
-        style = ("-", "--", ":", "-.")[regimes.index(r["regime"]) % 4]
+        style, marker = _regime_style(regimes.index(r["regime"]))
         for ax, x in zip(axes, ("train_time_s", "tokens_seen")):
-            ax.plot([c[x] for c in r["curve"]], [c["accept_len"] for c in r["curve"]], style, marker="o", color=color, label=r["name"])
-            bars = [c for c in r["curve"] if c.get("accept_len_se") is not None]
-            ax.errorbar(
-                [c[x] for c in bars],
-                [c["accept_len"] for c in bars],
-                [c["accept_len_se"] for c in bars],
-                fmt="none",
-                ecolor=color,
-                capsize=3,
-            )
-    for ax, label in zip(axes, ("training time (s)", "tokens seen")):
+            ax.plot([c[x] for c in r["curve"]], [c["accept_len"] for c in r["curve"]], style, marker=marker, color=color, label=r["name"])
+            _error_bars(ax, [c[x] for c in r["curve"]], r["curve"], color)
+    for i, (regime, ends) in enumerate(sorted(final_tau_by_size(done).items())):
+        style, marker = _regime_style(i)
+        xs = [n for n, _ in ends]
+        axes[2].plot(xs, [p["accept_len"] for _, p in ends], style, marker=marker, color="black", label=regime)
+        _error_bars(axes[2], xs, [p for _, p in ends], "black")
+    axes[2].set_xscale("log")
+    for ax, label in zip(axes, ("training time (s)", "tokens seen", "training conversations (final τ)")):
         ax.set_xlabel(label)
         ax.set_ylabel("acceptance length τ (real spec. decoding)")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def final_tau_by_size(results: Sequence[dict]) -> dict[str, list[tuple[int, dict]]]:
+    """Per regime, (training conversations, {accept_len, accept_len_se}) of each finished point, fewest first."""
+    out: dict[str, list[tuple[int, dict]]] = {}
+    for r in results:
+        if "error" not in r:
+            n = r["data"]["base_conversations"] + r["data"]["synthetic_conversations"]
+            out.setdefault(r["regime"], []).append((n, {"accept_len": r["accept_len"], "accept_len_se": r["accept_len_se"]}))
+    return {regime: sorted(ends, key=lambda e: e[0]) for regime, ends in out.items()}
+
+
+def _regime_style(i: int) -> tuple[str, str]:
+    return ("-", "--", ":", "-.")[i % 4], ("o", "s", "^", "D")[i % 4]
+
+
+def _error_bars(ax, xs: Sequence[float], points: Sequence[dict], color) -> None:
+    """Standard-error bars where a point has one (points from before the standard error was recorded lack it)."""
+    bars = [(x, p) for x, p in zip(xs, points) if p.get("accept_len_se") is not None]
+    if bars:
+        ax.errorbar(
+            [x for x, _ in bars],
+            [p["accept_len"] for _, p in bars],
+            [p["accept_len_se"] for _, p in bars],
+            fmt="none",
+            ecolor=color,
+            capsize=3,
+        )
 
 
 def _parser() -> argparse.ArgumentParser:

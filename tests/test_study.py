@@ -90,10 +90,23 @@ def test_tau_cell_shows_the_standard_error_when_the_run_reported_one():
 
 def test_plot_takes_a_point_from_before_the_standard_error(tmp_path):
     curve = [{"step": s, "train_time_s": s, "tokens_seen": 100 * s, "accept_len": 1 + s / 10} for s in (1, 2)]  # no SE key
-    old = {"name": "1x-a", "size": 1, "regime": "a", "curve": curve, "accept_len": 1.2, "accept_len_se": None}
+    data = {"base_conversations": 10, "synthetic_conversations": 0}
+    old = {"name": "1x-a", "size": 1, "regime": "a", "curve": curve, "accept_len": 1.2, "accept_len_se": None, "data": data}
     new = old | {"name": "2x-a", "size": 2, "curve": [c | {"accept_len_se": 0.05} for c in curve], "accept_len_se": 0.05}
     study.plot([old, new], tmp_path / "study.png")
     assert (tmp_path / "study.png").stat().st_size > 1000
+
+
+def test_final_tau_by_size_gives_each_regime_its_points_by_conversations():
+    def point(regime, synthetic, tau):
+        data = {"base_conversations": 10, "synthetic_conversations": synthetic}
+        return {"regime": regime, "data": data, "accept_len": tau, "accept_len_se": 0.01}
+
+    results = [point("constant", 30, 1.7), point("cosine", 0, 1.1), point("constant", 0, 1.5), point("cosine", 30, 1.6)]
+    results.append({"regime": "cosine", "error": "exit 1"})
+    ends = study.final_tau_by_size(results)
+    assert [(n, p["accept_len"]) for n, p in ends["constant"]] == [(10, 1.5), (40, 1.7)]
+    assert [(n, p["accept_len"]) for n, p in ends["cosine"]] == [(10, 1.1), (40, 1.6)]
 
 
 def _synthetic_file(path, n):
