@@ -14,7 +14,9 @@ The flags are those of the pinned engines (read from their source):
   draft dir is a speculators export); ``--enforce-eager`` disables CUDA graphs.
   Readiness: ``GET /health``.
 
-Without a draft the same command serves the target alone: the baseline for serving.bench.
+Without a draft the same command serves the target alone: the baseline for serving.bench. With an
+SGLang draft and no ``--num-steps`` / ``--topk`` / ``--num-draft-tokens``, the setting is the fastest
+that ``serving.speedup`` measured for ``--concurrency`` (the export's ``serving.json``), else a chain.
 Before a command is printed, the draft's config must be an export for that engine (the two
 formats of ``serving/formats.py``); starting a server also runs ``serving.verify`` on it.
 """
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from serving.formats import DEFAULT_SPECULATIVE_TOKENS
+from serving.speedup_report import serving_choice
 
 ENGINES = ("sglang", "vllm")
 READY_PATHS = {"sglang": "/health_generate", "vllm": "/health"}
@@ -245,6 +248,24 @@ def start_server(spec: ServerSpec, log_path: str | Path, timeout: float, verify:
     return server
 
 
+def speculative_setting(args: argparse.Namespace) -> tuple[int, int, int | None]:
+    """(steps, topk, draft tokens): those given, else the measured best of the draft's ``serving.json``
+    for ``--concurrency`` (said on stderr), else a chain of DEFAULT_SPECULATIVE_TOKENS."""
+    given = (args.num_steps, args.topk, args.num_draft_tokens)
+    if args.draft is None or args.engine != "sglang" or any(v is not None for v in given):
+        steps, topk = args.num_steps or DEFAULT_SPECULATIVE_TOKENS, args.topk or 1
+        return steps, topk, args.num_draft_tokens
+    choice = serving_choice(args.draft, args.concurrency)
+    if choice is None:
+        return DEFAULT_SPECULATIVE_TOKENS, 1, None
+    print(
+        f"# measured best at concurrency {choice['concurrency']}: {choice['setting']} (steps/topk/draft tokens), "
+        f"{choice['speedup']:.2f}x the target alone ({choice['file']})",
+        file=sys.stderr,
+    )
+    return choice["num_steps"], choice["topk"], choice["num_draft_tokens"]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m serving.launch", description=__doc__.split("\n\n")[0])
     p.add_argument("--engine", choices=ENGINES, required=True)
@@ -252,8 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft", default=None, help="export dir for this engine; omit for the target alone")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--num-steps", type=int, default=DEFAULT_SPECULATIVE_TOKENS)
-    p.add_argument("--topk", type=int, default=1)
+    p.add_argument(
+        "--num-steps", type=int, default=None, help=f"draft steps (default: the export's serving.json, else {DEFAULT_SPECULATIVE_TOKENS})"
+    )
+    p.add_argument("--topk", type=int, default=None, help="tree width (default: the export's serving.json, else 1: a chain)")
+    p.add_argument("--num-draft-tokens", type=int, default=None, help="tree size (default: serving.json's, else num_steps + 1)")
+    p.add_argument("--concurrency", type=int, default=1, help="requests in flight the server is for: picks serving.json's setting")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--mem-fraction", type=float, default=None)
     p.add_argument("--no-cuda-graph", action="store_true")
@@ -261,15 +286,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for readiness")
     p.add_argument("--log", type=Path, default=Path("server.log"))
     args, extra = p.parse_known_args(argv)
+    try:
+        steps, topk, tokens = speculative_setting(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     spec = ServerSpec(
         args.engine,
         args.target,
         args.draft,
         args.host,
         args.port,
-        args.num_steps,
-        args.topk,
-        None,
+        steps,
+        topk,
+        tokens,
         args.tp,
         args.mem_fraction,
         not args.no_cuda_graph,

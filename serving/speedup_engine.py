@@ -1,0 +1,115 @@
+"""One engine of ``serving.speedup``: ``python -m serving.speedup_engine JOB.json RESULT.json``.
+
+Starts one SGLang 0.5.14 offline ``sglang.Engine`` with CUDA graphs on (the target alone, or the
+target with an EAGLE-3 draft at one setting), times the start, warms it up, then decodes each
+prompt set greedily at each concurrency level: at most ``c`` requests in flight
+(``async_generate`` under a semaphore), the prefix cache flushed before each level so every level
+starts cold. Per request it records the client-side latency, the output ids and SGLang's
+speculative counters (``spec_verify_ct``, ``spec_correct_drafts_histogram``). The result is
+written to RESULT.json (atomically) for the parent, which compares and tabulates.
+
+The job (written by ``serving.speedup``) names the target, the draft (null: the target alone),
+the setting, the engine options and the prompt token ids per set and level. Runs in its own
+process: SGLang ends the process that started an engine whose scheduler fails, so the parent
+survives to name the setting. Needs a CUDA GPU and SGLang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def engine_options(job: dict) -> dict:
+    """``sglang.Engine`` keywords of a job: the engine options plus, with a draft, EAGLE-3 at its setting."""
+    options = {
+        "model_path": job["target"],
+        "skip_tokenizer_init": True,
+        "sampling_backend": "pytorch",
+        "random_seed": 0,
+        "log_level": "error",
+        **job["engine"],
+    }
+    if job["draft"] is not None:
+        steps, topk, tokens = job["setting"]
+        options |= {
+            "speculative_algorithm": "EAGLE3",
+            "speculative_draft_model_path": job["draft"],
+            "speculative_num_steps": steps,
+            "speculative_eagle_topk": topk,
+            "speculative_num_draft_tokens": tokens,
+        }
+    return options
+
+
+def request_record(latency_s: float, out: dict) -> dict:
+    """What the parent keeps of one request."""
+    meta = out["meta_info"]
+    return {
+        "latency_s": latency_s,
+        "tokens": meta["completion_tokens"],
+        "verify_ct": meta.get("spec_verify_ct"),
+        "histogram": meta.get("spec_correct_drafts_histogram"),
+        "output_ids": list(out["output_ids"]),
+    }
+
+
+async def decode_level(engine, prompts: list[list[int]], concurrency: int, sampling: dict) -> dict:
+    """Every prompt, at most ``concurrency`` in flight; the level's wall time and one record per prompt."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(ids: list[int]) -> dict:
+        async with gate:
+            start = time.perf_counter()
+            out = await engine.async_generate(input_ids=ids, sampling_params=sampling)
+            return request_record(time.perf_counter() - start, out)
+
+    start = time.perf_counter()
+    records = await asyncio.gather(*(one(ids) for ids in prompts))
+    return {"wall_s": time.perf_counter() - start, "requests": list(records)}
+
+
+def measure(job: dict) -> dict:
+    """Start the engine, warm it up, decode every set at every level; the engine is shut down after."""
+    import sglang
+    import torch
+
+    sampling = {"max_new_tokens": job["max_new_tokens"], "temperature": 0.0, "stop_token_ids": job["stop_ids"]}
+    start = time.perf_counter()
+    engine = sglang.Engine(**engine_options(job))
+    start_s = time.perf_counter() - start
+    try:
+        top = max(job["concurrency"])
+        warm = [ids for level in next(iter(job["sets"].values())).values() for ids in level][:top]
+        engine.loop.run_until_complete(decode_level(engine, warm, top, sampling))
+        engine.loop.run_until_complete(decode_level(engine, warm[:2], 1, sampling))
+        sets = {}
+        for name, levels in job["sets"].items():
+            sets[name] = {}
+            for c in job["concurrency"]:
+                engine.flush_cache()
+                sets[name][str(c)] = engine.loop.run_until_complete(decode_level(engine, levels[str(c)], c, sampling))
+    finally:
+        engine.shutdown()
+    return {"start_s": start_s, "sglang": sglang.__version__, "device": torch.cuda.get_device_name(0), "sets": sets}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m serving.speedup_engine JOB.json RESULT.json", file=sys.stderr)
+        return 2
+    job, out = json.loads(Path(args[0]).read_text()), Path(args[1])
+    result = measure(job)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
