@@ -35,7 +35,8 @@ from trainer.ttt import TTTOutput, simulated_accept_length
 
 STARTUP, UNTRAINED_EVAL, TRAINING = "start-up", "untrained-draft eval", "training"
 END_EVAL, SERVING_EVAL, REPORT = "end-of-run held-out eval", "end-of-run export, verify and serving eval", "summary and report"
-PHASES = (STARTUP, UNTRAINED_EVAL, TRAINING, END_EVAL, SERVING_EVAL, REPORT)
+SPEEDUP = "speedup measurement (trainer.speedup)"
+PHASES = (STARTUP, UNTRAINED_EVAL, TRAINING, END_EVAL, SERVING_EVAL, SPEEDUP, REPORT)
 PERIODIC_EVAL = "serving eval between training steps (trainer.export_every)"  # a stop cuts it and the training short
 
 

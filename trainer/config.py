@@ -15,6 +15,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from serving.formats import DEFAULT_SPECULATIVE_TOKENS
+from serving.speedup import DEFAULT_CONCURRENCY, DEFAULT_SETTINGS, parse_setting
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -213,6 +214,26 @@ class WandbConfig:
 
 
 @dataclass
+class SpeedupConfig:
+    """The run's last phase: SGLang's wall-clock speedup with the final export (``serving.speedup``)."""
+
+    enabled: bool = False  # needs a CUDA GPU and SGLang; the SGLang export is measured against the target alone
+    prompts_files: list[str] = field(default_factory=list)  # empty: trainer.eval_prompts_file and data.heldout_prompt_files
+    settings: list[str] = field(default_factory=lambda: list(DEFAULT_SETTINGS))  # STEPS/TOPK/DRAFT_TOKENS, in run order
+    concurrency: list[int] = field(default_factory=lambda: list(DEFAULT_CONCURRENCY))  # requests in flight
+    max_new_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        for s in self.settings:
+            try:
+                parse_setting(s)
+            except ValueError as e:
+                raise ValueError(f"config trainer.speedup.settings: {str(e).removeprefix('--settings ')}") from None
+        _require(bool(self.concurrency) and min(self.concurrency) >= 1, "trainer.speedup.concurrency", "values must be >= 1")
+        _require(self.max_new_tokens >= 1, "trainer.speedup.max_new_tokens", "must be >= 1")
+
+
+@dataclass
 class TrainConfig:
     epochs: int = 1
     max_steps: Optional[int] = None  # optimizer steps; caps the run (smoke tests, step-capped recipes)
@@ -237,6 +258,7 @@ class TrainConfig:
         64.0  # colocated: a target checkpoint larger than this is not loaded for that eval (null: no limit)
     )
     peak_tflops: Optional[float] = None  # a device's peak FLOP/s for perf/mfu; None: 790 (H200 bf16) on CUDA, no MFU on CPU
+    speedup: SpeedupConfig = field(default_factory=SpeedupConfig)
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 1, "trainer.epochs", "must be >= 1")

@@ -21,6 +21,7 @@ from trainer.components import (
     END_EVAL,
     REPORT,
     SERVING_EVAL,
+    SPEEDUP,
     TRAINING,
     UNTRAINED_EVAL,
     Checkpointer,
@@ -39,6 +40,7 @@ from trainer.components import (
 from trainer.config import Config
 from trainer.dist import Parallel, init_parallel, resolve_device, shared_run_dir, synchronize
 from trainer.report.report import REPORT_DIR, REPORT_FILE, format_summary, run_summary, write_report
+from trainer.speedup_phase import check_speedup, measure_speedup
 from trainer.stream.feature_stream import open_feature_stream
 from trainer.ttt import TTTOutput, draft_step
 
@@ -172,13 +174,17 @@ def run(cfg: Config, run_dir: Path) -> dict:
     signals.install()  # from the start: DeepSpeed's first init may build an op for a minute
     run_dir, is_main = run_dir / cfg.trainer.output_dir, os.environ.get("RANK", "0") == "0"
     try:
+        check_speedup(cfg)
         par = init_parallel(resolve_device(cfg.trainer.device))
         run_dir, is_main = shared_run_dir(run_dir), par.is_main
         run_dir.mkdir(parents=True, exist_ok=True)
         trainer = Trainer(cfg, run_dir, par, signals)
         summary = trainer.fit()
-        signals.enter(REPORT)
+        signals.enter(SPEEDUP)
         trainer.close()
+        if par.is_main:
+            summary |= measure_speedup(cfg, Path(summary["export_dir"]), trainer.built.target.path, run_dir)
+        signals.enter(REPORT)
         summary |= {"summary_path": str(run_dir / "summary.json"), "report": str(run_dir / REPORT_DIR / REPORT_FILE)}
         if par.is_main:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import yaml
 
 from serving.formats import DEFAULT_SPECULATIVE_TOKENS
+from serving.speedup_report import describe
 from trainer import checkpoint as ckpt
 from trainer.report import metrics as M
 from trainer.report.panels import sections
@@ -77,7 +78,20 @@ def key_figures(summary: dict) -> list[tuple[str, str]]:
         ("non-finite steps skipped", summary.get("nonfinite_skipped")),
         ("resumed from", summary.get("resumed_from")),
     ]
-    return [(k, fmt(v)) for k, v in rows if v is not None]
+    return [(k, fmt(v)) for k, v in rows if v is not None] + speedup_figures(summary.get("speedup") or {})
+
+
+def speedup_figures(speedup: dict) -> list[tuple[str, str]]:
+    """The measured best setting per concurrency (``summary["speedup"]``, trainer.speedup), and failures."""
+    rows = [
+        (f"speedup in SGLang, concurrency {c}", f"{b['speedup']:.2f}x the target alone ({describe(b['setting'])}: {b['setting']})")
+        for c, b in speedup.get("best", {}).items()
+    ]
+    if speedup.get("failed"):
+        rows.append(("speedup settings that failed", ", ".join(speedup["failed"])))
+    if speedup and not rows:
+        rows.append(("speedup in SGLang", f"not measured (serving.speedup exit code {speedup.get('exit_code')})"))
+    return rows
 
 
 def describe_eval_prompts(origin: dict) -> str:
@@ -95,6 +109,7 @@ def paths(summary: dict) -> list[tuple[str, str]]:
         ("checkpoint", summary.get("checkpoint")),
         ("export (SGLang)", summary.get("export_dir")),
         *((f"export ({engine})", path) for engine, path in exports.items() if path != summary.get("export_dir")),
+        ("speedup", (summary.get("speedup") or {}).get("results")),
         ("report", summary.get("report")),
         ("summary", summary.get("summary_path")),
     ]
