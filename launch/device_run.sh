@@ -8,20 +8,10 @@
 #   launch/device_run.sh bg NAME GPU COMMAND...     # COMMAND on one GPU in the background (survives the call);
 #                                                   # CPUS=LIST: pinned to those cores (taskset), jobs kept apart
 #   launch/device_run.sh collect                    # job states + results (/tmp/res) into $OUT (JIT=1: + the JIT
-#                                                   # cache; DATA=1: + the answers of recipe RECIPE_NAME, for ANSWERED,
+#                                                   # cache; DATA=1: + the answers of recipe RECIPE_NAME, for --answered,
 #                                                   # and its sampled ones)
-#   launch/device_run.sh recipe CORPORA_DIR         # the H200 quality recipe: SGLang generation (NEW_TOKENS, 128;
-#                                                   # REPLICAS, 1, as engines start one at a time; ANSWERED=FILE.gz:
-#                                                   # reuse earlier answers, REGEN=1: and answer the prompts they
-#                                                   # lack; SAMPLED=T: the ShareGPT prompts again at temperature T,
-#                                                   # 0.6, a second source ("": none), SAMPLED_FROM=FILE.gz: some
-#                                                   # of them done; GEN_MEM=F: the engines' memory share,
-#                                                   # GEN_ONLY=1: stop after the generation),
-#                                                   # training, tau; RECIPE_ARGS: more
-#                                                   # trainer overrides, RECIPE_NAME: its results dir (recipe),
-#                                                   # RECIPE_EVALS: the prompt files the trainer's decoding runs on
-#                                                   # (sharegpt codeio evals sharegpt_256; NAME: heldout_NAME.jsonl,
-#                                                   # else NAME.jsonl; _256: 256 new tokens; "" for none)
+#   launch/device_run.sh recipe CORPORA_DIR [ARGS]  # launch/recipe.py (ARGS are its own): generation, training and
+#                                                   # the speedup, each phase timed; RECIPE_NAME: its results dir
 #   launch/device_run.sh baseline CORPORA_DIR       # the embedded default recipe, tau on the same held-out files
 #   launch/device_run.sh study CORPORA_DIR          # data size x LR regime on RECIPE_NAME's answers (waits for them)
 #   launch/device_run.sh genbench                   # generation speeds (transformers, SGLang; 1-4 replicas; GEN_VARIANTS)
@@ -86,55 +76,11 @@ collect)
   ls -la "$OUT"
   ;;
 recipe)
-  # the target answers the training prompts (SGLang), the draft trains online for 540 s (engine=sglang; the
-  # transformers engine if that run fails), then SGLang serves the export: tau on each held-out file (k = 6 and 3)
-  c=$2 r=/tmp/res/${RECIPE_NAME:-recipe}; mkdir -p $r
-  phase() { local rc=0; echo "$1 start $(date +%s)" >> $r/times.txt; shift; "$@" || rc=$?; echo "end $(date +%s) exit $rc" >> $r/times.txt; }
-  # GEN_MEM=F: the generation engines take F of the free GPU memory (a GPU shared with another job)
-  gen_mem=(); [ -z "${GEN_MEM:-}" ] || gen_mem=(--mem-fraction-static "$GEN_MEM")
-  # answers brought back from an earlier machine (collect with DATA=1); REGEN=1: then answer the prompts they lack
-  [ -z "${ANSWERED:-}" ] || gunzip -c "$ANSWERED" > $r/answered.jsonl
-  if [ -z "${ANSWERED:-}" ] || [ -n "${REGEN:-}" ]; then
-    regen=(python3 -m trainer.regenerate --engine sglang --prompts "$c"/train_prompts.jsonl.gz --output $r/answered.jsonl
-      --max-new-tokens "${NEW_TOKENS:-128}" "${gen_mem[@]}")
-    phase regenerate "${regen[@]}" --replicas "${REPLICAS:-1}" 2>&1 | clean > $r/regenerate.log
-    grep -q "conversations written" $r/regenerate.log || phase regenerate_1 "${regen[@]}" 2>&1 | clean >> $r/regenerate.log  # resumes
-    tail -3 $r/regenerate.log
-  fi
-  touch $r/answered.done
-  # SAMPLED=T (0.6): the ShareGPT prompts answered again at temperature T (top-p 0.95, seed 1), h200_quality's second
-  # source; SAMPLED="": the greedy answers alone. SAMPLED_FROM=FILE.gz: sampled answers brought back earlier (collect
-  # DATA=1), the rest answered (resumes by id)
-  temperature=${SAMPLED-0.6} sources=(data=openai)
-  if [ -n "$temperature" ]; then
-    [ -z "${SAMPLED_FROM:-}" ] || gunzip -c "$SAMPLED_FROM" > $r/sampled.jsonl
-    phase sample python3 -m trainer.regenerate --engine sglang --prompts "$c"/train_prompts.jsonl.gz --sources sharegpt \
-      sharegpt_followups --output $r/sampled.jsonl --max-new-tokens "${NEW_TOKENS:-128}" --temperature "$temperature" \
-      --top-p 0.95 --seed 1 "${gen_mem[@]}" 2>&1 | clean > $r/sample.log
-    tail -2 $r/sample.log
-    sources=(data.sources.sampled.path=$r/sampled.jsonl)
-  fi
-  [ -z "${GEN_ONLY:-}" ] || exit 0  # GEN_ONLY=1: the generation alone (its times in times.txt)
-  train=(python3 -m trainer +experiment=h200_quality data.sources.openai.path=$r/answered.jsonl "${sources[@]}"
-    trainer.eval_prompts_file="$c"/heldout_sharegpt.jsonl trainer.eval_prompts=16
-    "data.heldout_prompt_files=[$c/heldout_codeio.jsonl,$c/heldout_evals.jsonl]" ${RECIPE_ARGS:-})
-  run=$r/run; phase train "${train[@]}" engine=sglang hydra.run.dir=$run 2>&1 | clean > $r/train.log
-  if [ ! -f $run/export/sglang/config.json ]; then
-    run=$r/run_hf; phase train_hf "${train[@]}" hydra.run.dir=$run 2>&1 | clean > $r/train_hf.log
-  fi
-  for log in $r/train*.log; do tail -n 25 "$log"; done
-  phase tau python3 -m serving.sglang_eval $run/export/sglang --prompts "$c"/heldout_sharegpt.jsonl "$c"/heldout_codeio.jsonl \
-    "$c"/heldout_evals.jsonl --k 6 3 --max-new-tokens 128 --json $r/tau.json > $r/tau.log 2>&1
-  grep "tau =" $r/tau.log || tail -20 $r/tau.log
-  # the trainer's own decoding: tau and tf_acc_0 (teacher-forced first token) per file; NAME: heldout_NAME.jsonl in
-  # CORPORA_DIR, else NAME.jsonl there; a _256 suffix: answers to 256 tokens (does tf_acc_0 rise past the 128th?)
-  for f in ${RECIPE_EVALS-sharegpt codeio evals sharegpt_256}; do
-    n=128; [ "${f%_256}" = "$f" ] || n=256
-    p="$c/heldout_${f%_256}.jsonl"; [ -f "$p" ] || p="$c/${f%_256}.jsonl"
-    phase "eval_$f" python3 -m serving.eval $run/export/sglang --prompts "$p" --limit 32 --k 6 --device cuda \
-      --max-new-tokens $n --dtype bfloat16 --json $r/eval_$f.json > $r/eval_$f.log 2>&1
-    tail -n 12 $r/eval_$f.log
-  done
+  # launch/recipe.py: the generation (one set of engines for the greedy and the sampled pass), the training with
+  # its speedup measurement, each phase timed in /tmp/res/RECIPE_NAME/phases.json; the rest of the arguments are
+  # recipe.py's (--answered FILE.gz --sampled FILE.gz: earlier answers, resumed; --train-s; --replicas; --gen-only)
+  c=$2; shift 2
+  python3 launch/recipe.py --corpora "$c" --out /tmp/res/${RECIPE_NAME:-recipe} "$@" 2>&1 | clean
   ;;
 baseline)
   c=$2 r=/tmp/res/baseline; mkdir -p $r

@@ -1,0 +1,196 @@
+"""The ``h200_quality`` recipe from prepared corpora to a measured speedup, each phase timed:
+
+    python3 launch/recipe.py --corpora outputs/corpora --out outputs/recipe
+
+1. **generation**: one generator (SGLang, ``--replicas`` engines, prefill CUDA graphs off: they
+   cost each engine's start more than they save here) answers every training prompt greedily
+   (``answered.jsonl``), then the ShareGPT prompts again sampled at ``--temperature``
+   (``sampled.jsonl``): two passes, one set of engine starts. Both resume by id, so
+   ``--answered`` / ``--sampled`` (gzipped answers of an earlier run) leave only what they lack;
+   with nothing left to answer no engine starts.
+2. **training**: ``python -m trainer +experiment=h200_quality engine=sglang`` on both files for
+   ``--train-s`` seconds, the held-out files as its eval and leak checks. It ends with
+   ``serving.speedup`` on the held-out ShareGPT and code prompts (``trainer.speedup``), whose
+   engine starts and decoding are timed apart in ``run/speedup.json``. A failed training stops the
+   recipe with its log's tail (no other engine is tried).
+
+``phases.json`` (rewritten as each phase ends, so a cut run keeps what finished) and the table at
+the end give each phase's seconds and what it made. The corpora come from ``python -m
+trainer.corpora prepare``: ``train_prompts.jsonl.gz`` and ``heldout_{sharegpt,codeio,evals}.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from trainer.datagen.gen_backend import EngineSettings, GenerationSettings, default_batch_size
+from trainer.datagen.replicas import open_generator
+from trainer.regenerate import done_ids, generation_meta, prompt_conversations, prompt_key, record_id, regenerate
+
+SAMPLED_SOURCES = ("sharegpt", "sharegpt_followups")
+HELDOUT = ("sharegpt", "codeio", "evals")
+
+
+class Phases:
+    """Each phase's seconds and figures, kept in ``phases.json`` as they end."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.rows: list[dict] = json.loads(path.read_text()) if path.is_file() else []
+
+    def add(self, name: str, seconds: float, **figures) -> None:
+        self.rows.append({"phase": name, "seconds": round(seconds, 1)} | figures)
+        self.path.write_text(json.dumps(self.rows, indent=1) + "\n")
+        print(f"== {name}: {seconds:.1f} s {json.dumps(figures)}", flush=True)
+
+    def table(self) -> str:
+        lines = [f"{'phase':<34} {'seconds':>8}  figures"]
+        lines += [
+            f"{r['phase']:<34} {r['seconds']:>8.1f}  {json.dumps({k: v for k, v in r.items() if k not in ('phase', 'seconds')})}"
+            for r in self.rows
+        ]
+        return "\n".join(lines + [f"{'total':<34} {sum(r['seconds'] for r in self.rows):>8.1f}"])
+
+
+def unanswered(convs: list, output: Path, greedy: bool) -> int:
+    """Conversations a regenerate of ``convs`` into ``output`` would still answer (greedy: one of each prompt)."""
+    done, seen, left = done_ids(output), set(), 0
+    for conv in convs:
+        key = prompt_key(conv)
+        if greedy and key in seen:
+            continue
+        seen.add(key)
+        left += record_id(conv) not in done
+    return left
+
+
+def carried(source: Path | None, output: Path) -> None:
+    """Start ``output`` from an earlier run's gzipped answers (they are resumed, not asked again)."""
+    if source is not None and not output.exists():
+        with gzip.open(source, "rb") as f, open(output, "wb") as out:
+            shutil.copyfileobj(f, out)
+
+
+def generate(args: argparse.Namespace, phases: Phases) -> tuple[Path, Path]:
+    out = args.out
+    answered, sampled = out / "answered.jsonl", out / "sampled.jsonl"
+    carried(args.answered, answered)
+    carried(args.sampled, sampled)
+    prompts = args.corpora / "train_prompts.jsonl.gz"
+    every, every_extras = prompt_conversations(prompts)
+    share, share_extras = prompt_conversations(prompts, SAMPLED_SOURCES)
+    passes = [
+        ("greedy", every, every_extras, answered, GenerationSettings(args.new_tokens, 0.0, 1.0, 1, 0)),
+        ("sampled", share, share_extras, sampled, GenerationSettings(args.new_tokens, args.temperature, 0.95, 1, 1)),
+    ]
+    if not any(unanswered(convs, path, s.temperature == 0) for _, convs, _, path, s in passes):
+        print("every prompt is answered already: no generation", flush=True)
+        return answered, sampled
+    engine = EngineSettings(
+        "sglang", args.target, mem_fraction_static=args.gen_mem, replicas=args.replicas, sglang_args=(("disable_prefill_cuda_graph", True),)
+    )
+    start = time.perf_counter()
+    backend = open_generator(engine)
+    phases.add("generation: engine start", time.perf_counter() - start, replicas=args.replicas)
+    batch = default_batch_size("sglang", "auto") * args.replicas
+    try:
+        for name, convs, extras, path, settings in passes:
+            settings = GenerationSettings(settings.max_new_tokens, settings.temperature, settings.top_p, batch, settings.seed)
+            report = regenerate(convs, backend, path, settings, generation_meta(backend, settings), progress=False, extras=extras)
+            print(report.line(), flush=True)
+            rate = report.new_tokens / report.seconds if report.seconds else 0.0
+            phases.add(
+                f"generation: {name}", report.seconds, written=report.written, new_tokens=report.new_tokens, tokens_per_s=round(rate)
+            )
+            if name == "greedy":
+                (out / "answered.done").touch()  # launch/device_run.sh study waits for it
+    finally:
+        backend.close()
+    return answered, sampled
+
+
+def train(args: argparse.Namespace, answered: Path, sampled: Path, phases: Phases) -> Path:
+    c, run = args.corpora, args.out / "run"
+    overrides = [
+        "+experiment=h200_quality",
+        "engine=sglang",
+        f"data.sources.openai.path={answered}",
+        f"data.sources.sampled.path={sampled}",
+        f"trainer.eval_prompts_file={c / 'heldout_sharegpt.jsonl'}",
+        f"data.heldout_prompt_files=[{c / 'heldout_codeio.jsonl'},{c / 'heldout_evals.jsonl'}]",
+        f"trainer.speedup.prompts_files=[{c / 'heldout_sharegpt.jsonl'},{c / 'heldout_codeio.jsonl'}]",
+        f"trainer.max_time_s={args.train_s}",
+        f"trainer.serve_eval={str(args.serve_eval).lower()}",
+        f"hydra.run.dir={run}",
+        *args.trainer_args,
+    ]
+    if args.target is not None:
+        overrides += ["target=local", f"target.path={args.target}"]
+    log = args.out / "train.log"
+    start = time.perf_counter()
+    with open(log, "wb") as f:
+        code = subprocess.run([sys.executable, "-m", "trainer", *overrides], stdout=f, stderr=subprocess.STDOUT).returncode
+    seconds = time.perf_counter() - start
+    if code != 0 or not (run / "summary.json").is_file():
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+        raise SystemExit(f"the training run failed (exit code {code}); {log}, last lines:\n{tail}")
+    phases.add("training process", seconds, **training_figures(run))
+    return run
+
+
+def training_figures(run: Path) -> dict:
+    """What the training process's summary and its speedup results say of its parts."""
+    summary = json.loads((run / "summary.json").read_text())
+    figures = {"train_s": round(summary["train_time_s"], 1), "steps": summary["steps"], "trainer_wall_s": round(summary["wall_time_s"], 1)}
+    results = run / "speedup.json"
+    if results.is_file():
+        runs = json.loads(results.read_text())["runs"]
+        figures |= {
+            "speedup_s": round(sum(r["process_s"] for r in runs.values()), 1),
+            "speedup_engine_starts_s": round(sum(r["start_s"] for r in runs.values()), 1),
+            "speedup_settings": len(runs),
+        }
+    return figures
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python3 launch/recipe.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--corpora", type=Path, required=True, help="trainer.corpora prepare's output dir")
+    p.add_argument("--out", type=Path, required=True, help="the answers, the run dir, train.log, phases.json")
+    p.add_argument("--target", default=None, help="a transformers dir (default: the embedded SmolLM2 target)")
+    p.add_argument("--answered", type=Path, default=None, help="gzipped greedy answers of an earlier run, resumed")
+    p.add_argument("--sampled", type=Path, default=None, help="gzipped sampled answers of an earlier run, resumed")
+    p.add_argument("--new-tokens", type=int, default=128, help="an answer's new tokens at most")
+    p.add_argument("--temperature", type=float, default=0.6, help="the sampled pass's temperature (top-p 0.95)")
+    p.add_argument("--replicas", type=int, default=4, help="generation engines on the GPU (a small target's scheduler is CPU-bound)")
+    p.add_argument("--gen-mem", type=float, default=0.8, help="the generation engines' share of the GPU memory")
+    p.add_argument("--train-s", type=float, default=540.0, help="training seconds (trainer.max_time_s)")
+    p.add_argument("--serve-eval", action="store_true", help="also the trainer's own speculative decoding of 32 held-out prompts")
+    p.add_argument("--gen-only", action="store_true", help="stop after the generation")
+    p.add_argument("--trainer-args", nargs="*", default=[], help="more Hydra overrides for the training run")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    for name in ("train_prompts.jsonl.gz", *(f"heldout_{h}.jsonl" for h in HELDOUT)):
+        if not (args.corpora / name).is_file():
+            raise SystemExit(f"--corpora {args.corpora}: no {name} (python -m trainer.corpora prepare --out DIR writes it)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    phases = Phases(args.out / "phases.json")
+    answered, sampled = generate(args, phases)
+    if not args.gen_only:
+        train(args, answered, sampled, phases)
+    print(phases.table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""launch/recipe.py's bookkeeping on the CPU: the phases file, what is left to answer after a resume,
+earlier answers carried in, the training figures, and corpora checked before anything starts."""
+
+import gzip
+import json
+
+import pytest
+
+from launch import recipe
+from trainer.regenerate import record_id
+
+
+def test_phases_are_kept_as_they_end_and_tabled(tmp_path):
+    phases = recipe.Phases(tmp_path / "phases.json")
+    phases.add("generation: greedy", 12.34, new_tokens=100)
+    again = recipe.Phases(tmp_path / "phases.json")  # a rerun goes on from the file
+    again.add("training process", 20.0, steps=3)
+    rows = json.loads((tmp_path / "phases.json").read_text())
+    assert [r["phase"] for r in rows] == ["generation: greedy", "training process"] and rows[0]["new_tokens"] == 100
+    assert again.table().splitlines()[-1].split() == ["total", "32.3"]
+
+
+def _conv(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}, {"role": "assistant", "content": ""}]
+
+
+def test_what_is_left_to_answer_counts_done_ids_and_greedy_repeats(tmp_path):
+    convs = [_conv("a"), _conv("b"), _conv("a"), _conv("c")]
+    out = tmp_path / "answered.jsonl"
+    assert recipe.unanswered(convs, out, greedy=True) == 3  # the repeat of "a" comes out of the first
+    assert recipe.unanswered(convs, out, greedy=False) == 4  # sampled: each is answered
+    out.write_text(json.dumps({"id": record_id(convs[0]), "messages": []}) + "\n")
+    assert recipe.unanswered(convs, out, greedy=True) == 2
+
+
+def test_earlier_answers_are_carried_in_once(tmp_path):
+    source = tmp_path / "answered.jsonl.gz"
+    with gzip.open(source, "wt") as f:
+        f.write('{"id": "x"}\n')
+    out = tmp_path / "out.jsonl"
+    recipe.carried(source, out)
+    assert out.read_text() == '{"id": "x"}\n'
+    out.write_text('{"id": "x"}\n{"id": "y"}\n')
+    recipe.carried(source, out)  # a resumed recipe keeps what it wrote since
+    assert out.read_text().count("\n") == 2
+
+
+def test_training_figures_split_the_speedup_from_the_training(tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps({"train_time_s": 540.04, "steps": 4000, "wall_time_s": 610.0}))
+    runs = {"plain": {"process_s": 60.0, "start_s": 40.0}, "6/1/7": {"process_s": 80.0, "start_s": 55.0}}
+    (tmp_path / "speedup.json").write_text(json.dumps({"runs": runs}))
+    figures = recipe.training_figures(tmp_path)
+    assert figures == {
+        "train_s": 540.0,
+        "steps": 4000,
+        "trainer_wall_s": 610.0,
+        "speedup_s": 140.0,
+        "speedup_engine_starts_s": 95.0,
+        "speedup_settings": 2,
+    }
+
+
+def test_missing_corpora_stop_the_recipe_before_anything_starts(tmp_path):
+    with pytest.raises(SystemExit, match="no train_prompts.jsonl.gz"):
+        recipe.main(["--corpora", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
