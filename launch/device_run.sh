@@ -78,7 +78,7 @@ collect)
 recipe)
   # launch/recipe.py: the generation (one set of engines for the greedy and the sampled pass), the training with
   # its speedup measurement, each phase timed in /tmp/res/RECIPE_NAME/phases.json; the rest of the arguments are
-  # recipe.py's (--answered FILE.gz --sampled FILE.gz: earlier answers, resumed; --train-s; --replicas; --gen-only)
+  # recipe.py's (--answered FILE.gz --sampled FILE.gz: earlier answers, resumed; --train-s; --replicas; --phases)
   c=$2; shift 2
   python3 launch/recipe.py --corpora "$c" --out /tmp/res/${RECIPE_NAME:-recipe} "$@" 2>&1 | clean
   ;;

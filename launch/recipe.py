@@ -12,10 +12,12 @@
    ``--train-s`` seconds, the held-out files as its eval and leak checks. It ends with
    ``serving.speedup`` on the held-out ShareGPT and code prompts (``trainer.speedup``), whose
    engine starts and decoding are timed apart in ``run/speedup.json``. A failed training stops the
-   recipe with its log's tail (no other engine is tried).
+   recipe with its log's tail (no other engine is tried). ``--engine hf``: transformers generates and
+   feeds the trainer instead, and there is no speedup phase (it is SGLang's).
 
-``phases.json`` (rewritten as each phase ends, so a cut run keeps what finished) and the table at
-the end give each phase's seconds and what it made. The corpora come from ``python -m
+``phases.json`` (rewritten as each phase ends, so a cut run keeps what finished; a later run adds
+to it) and the table at the end give each phase's seconds and what it made. ``--phases training``
+trains on the answers already in ``--out`` (or carried in). The corpora come from ``python -m
 trainer.corpora prepare``: ``train_prompts.jsonl.gz`` and ``heldout_{sharegpt,codeio,evals}.jsonl``.
 """
 
@@ -34,6 +36,7 @@ from trainer.datagen.gen_backend import EngineSettings, GenerationSettings, defa
 from trainer.datagen.replicas import open_generator
 from trainer.regenerate import done_ids, generation_meta, prompt_conversations, prompt_key, record_id, regenerate
 
+PHASES = ("generation", "training")
 SAMPLED_SOURCES = ("sharegpt", "sharegpt_followups")
 HELDOUT = ("sharegpt", "codeio", "evals")
 
@@ -81,8 +84,6 @@ def carried(source: Path | None, output: Path) -> None:
 def generate(args: argparse.Namespace, phases: Phases) -> tuple[Path, Path]:
     out = args.out
     answered, sampled = out / "answered.jsonl", out / "sampled.jsonl"
-    carried(args.answered, answered)
-    carried(args.sampled, sampled)
     prompts = args.corpora / "train_prompts.jsonl.gz"
     every, every_extras = prompt_conversations(prompts)
     share, share_extras = prompt_conversations(prompts, SAMPLED_SOURCES)
@@ -93,13 +94,18 @@ def generate(args: argparse.Namespace, phases: Phases) -> tuple[Path, Path]:
     if not any(unanswered(convs, path, s.temperature == 0) for _, convs, _, path, s in passes):
         print("every prompt is answered already: no generation", flush=True)
         return answered, sampled
+    sglang = args.engine == "sglang"
     engine = EngineSettings(
-        "sglang", args.target, mem_fraction_static=args.gen_mem, replicas=args.replicas, sglang_args=(("disable_prefill_cuda_graph", True),)
+        args.engine,
+        args.target,
+        mem_fraction_static=args.gen_mem,
+        replicas=args.replicas if sglang else 1,
+        sglang_args=(("disable_prefill_cuda_graph", True),) if sglang else (),
     )
     start = time.perf_counter()
     backend = open_generator(engine)
-    phases.add("generation: engine start", time.perf_counter() - start, replicas=args.replicas)
-    batch = default_batch_size("sglang", "auto") * args.replicas
+    phases.add("generation: engine start", time.perf_counter() - start, replicas=engine.replicas)
+    batch = default_batch_size(args.engine, "auto") * engine.replicas
     try:
         for name, convs, extras, path, settings in passes:
             settings = GenerationSettings(settings.max_new_tokens, settings.temperature, settings.top_p, batch, settings.seed)
@@ -118,9 +124,10 @@ def generate(args: argparse.Namespace, phases: Phases) -> tuple[Path, Path]:
 
 def train(args: argparse.Namespace, answered: Path, sampled: Path, phases: Phases) -> Path:
     c, run = args.corpora, args.out / "run"
+    engine = ["engine=sglang"] if args.engine == "sglang" else ["trainer.speedup.enabled=false"]  # the speedup is SGLang's
     overrides = [
         "+experiment=h200_quality",
-        "engine=sglang",
+        *engine,
         f"data.sources.openai.path={answered}",
         f"data.sources.sampled.path={sampled}",
         f"trainer.eval_prompts_file={c / 'heldout_sharegpt.jsonl'}",
@@ -165,6 +172,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--corpora", type=Path, required=True, help="trainer.corpora prepare's output dir")
     p.add_argument("--out", type=Path, required=True, help="the answers, the run dir, train.log, phases.json")
     p.add_argument("--target", default=None, help="a transformers dir (default: the embedded SmolLM2 target)")
+    p.add_argument("--engine", choices=("sglang", "hf"), default="sglang", help="hf: transformers generates and feeds, no speedup phase")
     p.add_argument("--answered", type=Path, default=None, help="gzipped greedy answers of an earlier run, resumed")
     p.add_argument("--sampled", type=Path, default=None, help="gzipped sampled answers of an earlier run, resumed")
     p.add_argument("--new-tokens", type=int, default=128, help="an answer's new tokens at most")
@@ -173,7 +181,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-mem", type=float, default=0.8, help="the generation engines' share of the GPU memory")
     p.add_argument("--train-s", type=float, default=540.0, help="training seconds (trainer.max_time_s)")
     p.add_argument("--serve-eval", action="store_true", help="also the trainer's own speculative decoding of 32 held-out prompts")
-    p.add_argument("--gen-only", action="store_true", help="stop after the generation")
+    p.add_argument(
+        "--phases", nargs="+", choices=PHASES, default=list(PHASES), help="the phases to run (training alone: on the answers there)"
+    )
     p.add_argument("--trainer-args", nargs="*", default=[], help="more Hydra overrides for the training run")
     return p
 
@@ -184,9 +194,16 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.corpora / name).is_file():
             raise SystemExit(f"--corpora {args.corpora}: no {name} (python -m trainer.corpora prepare --out DIR writes it)")
     args.out.mkdir(parents=True, exist_ok=True)
+    carried(args.answered, args.out / "answered.jsonl")
+    carried(args.sampled, args.out / "sampled.jsonl")
     phases = Phases(args.out / "phases.json")
-    answered, sampled = generate(args, phases)
-    if not args.gen_only:
+    answered, sampled = args.out / "answered.jsonl", args.out / "sampled.jsonl"
+    if "generation" in args.phases:
+        answered, sampled = generate(args, phases)
+    if "training" in args.phases:
+        for path in (answered, sampled):
+            if not path.is_file():
+                raise SystemExit(f"{path}: no answers to train on (run the generation phase first, or give --answered / --sampled)")
         train(args, answered, sampled, phases)
     print(phases.table())
     return 0
