@@ -263,6 +263,9 @@ def speculative_setting(args: argparse.Namespace) -> tuple[int, int, int | None]
         f"{choice['speedup']:.2f}x the target alone ({choice['file']})",
         file=sys.stderr,
     )
+    if choice["speedup"] < 1:
+        c = choice["concurrency"]
+        print(f"# warning: no measured setting beat the target alone at concurrency {c}: serve it without --draft", file=sys.stderr)
     return choice["num_steps"], choice["topk"], choice["num_draft_tokens"]
 
 

@@ -227,7 +227,9 @@ def summarise(data: dict, results_path: Path, export_dir: Path) -> str:
         )
     starts = {name: run["start_s"] for name, run in data["runs"].items()}
     lines = [table(rows, starts)]
-    lines += [f"best at concurrency {c}: {b['setting']} ({describe(b['setting'])}), {b['speedup']:.2f}x" for c, b in best.items()]
+    for c, b in best.items():
+        slower = "; every setting measured is slower than the target alone here: serve it without the draft" if b["speedup"] < 1 else ""
+        lines.append(f"best at concurrency {c}: {b['setting']} ({describe(b['setting'])}), {b['speedup']:.2f}x{slower}")
     diverged = divergence_lines(data["runs"])
     lines.append(f"outputs that differ from the target alone's: {len(diverged)}")
     lines += [f"  {line}" for line in diverged]
@@ -270,6 +272,7 @@ def build_bench(args: argparse.Namespace) -> tuple[Bench, list[str], object]:
         "max_running_requests": top,
         "cuda_graph_max_bs_decode": top,
         "disable_prefill_cuda_graph": not args.prefill_graph,
+        "enable_deterministic_inference": args.deterministic,
     }
     stop = stop_ids_of(generation, tokenizer)
     bench = Bench(args.export_dir, target, sets, stop, sorted(args.concurrency), args.max_new_tokens, engine, args.timeout)
@@ -305,6 +308,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--mem-fraction-static", type=float, default=0.3)
     p.add_argument("--prefill-graph", action="store_true", help="capture SGLang's prefill CUDA graphs too (a longer start)")
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="SGLang's batch-invariant kernels in every engine: the identity check without bf16 batch-shape noise (slower)",
+    )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds an engine may take, start and decoding")
     p.add_argument("--json", type=Path, default=None, help="results file (default: EXPORT_DIR/../speedup.json); resumed")
     return p

@@ -250,3 +250,17 @@ def test_an_engine_process_that_dies_is_named_with_its_log(tmp_path):
     with pytest.raises(SettingFailed, match="setting 6/1/7 \\(chain of 6\\): the engine process exited with code 1") as e:
         speedup.run_engine(job, tmp_path / "logs" / "6-1-7.log", 120.0, "6/1/7")
     assert "sglang" in str(e.value) and (tmp_path / "logs" / "6-1-7.log").is_file()
+
+
+def test_a_draft_slower_than_the_target_alone_is_said_so(tmp_path, capsys):
+    bench, results = _bench(tmp_path), tmp_path / "s.json"
+    data = run_grid(bench, ["6/1/7"], results, _decode, stand_in([]))
+    for level in (lv for s in data["runs"]["6/1/7"]["sets"].values() for lv in s.values()):
+        for r in level["requests"]:
+            r["latency_s"] *= 10  # ten times slower than the stand-in's costs
+        level["wall_s"] *= 10
+    text = summarise(data, results, bench.export_dir)
+    assert "slower than the target alone here: serve it without the draft" in text
+    capsys.readouterr()
+    assert launch_main(["--engine", "sglang", "--target", str(tmp_path), "--draft", str(bench.export_dir)]) == 0
+    assert "no measured setting beat the target alone at concurrency 1" in capsys.readouterr().err
