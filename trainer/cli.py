@@ -23,6 +23,7 @@ COMMANDS = {  # command -> (module run as __main__, what it does)
     "sglang-eval": ("serving.sglang_eval", "acceptance length in SGLang's own EAGLE-3 decoding (GPU)"),
     "serve": ("serving.launch", "the SGLang / vLLM server command for an export"),
     "bench": ("serving.bench", "load a running server with requests"),
+    "speedup": ("serving.speedup", "wall-clock speedup in SGLang with the draft, chains and trees (GPU)"),
 }
 
 
