@@ -264,3 +264,17 @@ def test_a_draft_slower_than_the_target_alone_is_said_so(tmp_path, capsys):
     capsys.readouterr()
     assert launch_main(["--engine", "sglang", "--target", str(tmp_path), "--draft", str(bench.export_dir)]) == 0
     assert "no measured setting beat the target alone at concurrency 1" in capsys.readouterr().err
+
+
+def test_the_engine_options_of_a_job():
+    from serving.speedup_engine import engine_options, request_record
+
+    job = {"target": "/t", "draft": None, "setting": None, "engine": {"attention_backend": "triton", "max_running_requests": 64}}
+    plain = engine_options(job)
+    assert plain["model_path"] == "/t" and plain["skip_tokenizer_init"] and plain["max_running_requests"] == 64
+    assert not any(k.startswith("speculative") for k in plain)
+    tree = engine_options(job | {"draft": "/d", "setting": [5, 4, 8]})
+    assert (tree["speculative_algorithm"], tree["speculative_draft_model_path"]) == ("EAGLE3", "/d")
+    assert (tree["speculative_num_steps"], tree["speculative_eagle_topk"], tree["speculative_num_draft_tokens"]) == (5, 4, 8)
+    out = {"output_ids": [5, 6, 2], "meta_info": {"completion_tokens": 3, "spec_verify_ct": 2, "spec_correct_drafts_histogram": [1, 1]}}
+    assert request_record(0.5, out) == {"latency_s": 0.5, "tokens": 3, "verify_ct": 2, "histogram": [1, 1], "output_ids": [5, 6, 2]}
