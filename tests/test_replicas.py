@@ -12,7 +12,7 @@ from tests.test_data_regenerate import CONVS, first_prompts, open_tiny
 from tests.tiny_generator import save_tiny_generator
 from trainer import regenerate as R
 from trainer.datagen import gen_backend as G
-from trainer.datagen.replicas import ReplicatedBackend, open_generator, replica_settings
+from trainer.datagen.replicas import ReplicatedBackend, kv_bytes_per_token, open_generator, pool_tokens, replica_settings
 
 SETTINGS = G.GenerationSettings(max_new_tokens=5, batch_size=2)
 
@@ -29,16 +29,18 @@ def replicated(tiny_target):
     backend.close()
 
 
-def test_each_replica_takes_an_equal_share_of_the_memory_the_first_found():
+def test_each_sglang_replica_gets_its_share_of_the_memory_as_a_capped_pool():
     settings = G.EngineSettings(engine="sglang", mem_fraction_static=0.8, replicas=4, seed=7)
-    free, taken = 100.0, []
-    for k in range(4):  # SGLang sizes a replica's pool as its fraction of the memory free at its start
-        r = replica_settings(settings, k)
-        assert (r.replicas, r.seed, r.engine) == (1, 7 + k, "sglang")
-        taken.append(r.mem_fraction_static * free)
-        free -= taken[-1]
-    assert taken == pytest.approx([20.0] * 4) and free == pytest.approx(20.0)
-    assert replica_settings(G.EngineSettings(mem_fraction_static=0.8, replicas=1), 0).mem_fraction_static == pytest.approx(0.8)
+    for k in range(4):
+        r = replica_settings(settings, k, 1000)
+        assert (r.replicas, r.seed, r.engine, r.mem_fraction_static) == (1, 7 + k, "sglang", 0.8)
+        assert dict(r.sglang_args)["max_total_tokens"] == 1000
+    lower = G.EngineSettings(engine="sglang", replicas=2, sglang_args=(("max_total_tokens", 300), ("chunked_prefill_size", 4096)))
+    assert dict(replica_settings(lower, 1, 1000).sglang_args) == {"max_total_tokens": 300, "chunked_prefill_size": 4096}
+    assert replica_settings(G.EngineSettings(replicas=2), 1, None).sglang_args == ()
+    assert pool_tokens(G.EngineSettings(replicas=2)) is None  # transformers: no pool
+    # SmolLM2-135M: 30 layers, 3 KV heads of 64, 16-bit: 23,040 bytes a token
+    assert kv_bytes_per_token({"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}) == 23040
     with pytest.raises(ValueError, match="--replicas must be >= 1"):
         G.EngineSettings(replicas=0)
 

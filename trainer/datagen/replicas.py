@@ -7,11 +7,13 @@ scheduler on its own core. A call deals its prompts out round-robin (every repli
 same mix of lengths), the replicas generate at the same time, and the replies come back in
 prompt order.
 
-The replicas start one after another, each once the one before it is ready: SGLang sizes its
-KV pool as a fraction of the GPU memory free when it starts, so replica k (from 0) gets
-``share / (1 - k * share)`` of what it finds, ``share = mem_fraction_static / N``, and each ends
-up with ``share`` of the memory the first one found. transformers replicas on the CPU split
-the cores between them.
+The replicas start at once (an SGLang engine's start is mostly its own processes' imports and
+graph captures, a minute or more each). SGLang sizes a KV pool from the memory free when that
+engine starts, which replicas starting together would race for; so each SGLang replica's pool
+is capped instead (``max_total_tokens``) at ``share = mem_fraction_static / N`` of the GPU memory
+free before any started, in tokens of the target's KV cache, and each engine keeps the whole
+``mem_fraction_static`` for SGLang's own check of what its weights leave. transformers replicas
+on the CPU split the cores between them.
 
 A replica that fails to start or to generate stops the call with its traceback; one that dies
 (killed, out of memory) is named with its exit code.
@@ -25,17 +27,41 @@ import traceback
 from dataclasses import replace
 from typing import Sequence
 
-from trainer.datagen.gen_backend import Backend, EngineSettings, GenerationSettings, Reply, open_backend, target_path
+from trainer.datagen.gen_backend import Backend, EngineSettings, GenerationSettings, Reply, open_backend, resolve_engine, target_path
 
 STOP = None  # the message that ends a worker
 
 
-def replica_settings(settings: EngineSettings, k: int) -> EngineSettings:
-    """Replica ``k``'s settings: one engine, its memory fraction of what is free when it starts,
-    its own seed."""
-    n = settings.replicas
-    share = settings.mem_fraction_static / n
-    return replace(settings, replicas=1, mem_fraction_static=share / (1 - k * share), seed=settings.seed + k)
+def kv_bytes_per_token(text_config: dict) -> int:
+    """Bytes a token takes in a 16-bit KV cache of a decoder with this config: keys and values of every layer."""
+    heads = text_config["num_attention_heads"]
+    head_dim = text_config.get("head_dim") or text_config["hidden_size"] // heads
+    return 2 * text_config["num_hidden_layers"] * text_config.get("num_key_value_heads", heads) * head_dim * 2
+
+
+def replica_settings(settings: EngineSettings, k: int, pool_tokens: int | None) -> EngineSettings:
+    """Replica ``k``'s settings: one engine, its own seed and, for SGLang, its KV pool capped at
+    ``pool_tokens`` (a ``--sglang-arg max_total_tokens`` given lower wins)."""
+    one = replace(settings, replicas=1, seed=settings.seed + k)
+    if pool_tokens is None:
+        return one
+    given = dict(settings.sglang_args).get("max_total_tokens")
+    cap = pool_tokens if given is None else min(int(given), pool_tokens)
+    args = tuple((key, v) for key, v in settings.sglang_args if key != "max_total_tokens") + (("max_total_tokens", cap),)
+    return replace(one, sglang_args=args)
+
+
+def pool_tokens(settings: EngineSettings) -> int | None:
+    """Each SGLang replica's KV pool in tokens: its share of the GPU memory free now; None for transformers."""
+    if resolve_engine(settings.engine) != "sglang":
+        return None
+    import torch
+
+    from models.target_config import read_text_config
+
+    free, _ = torch.cuda.mem_get_info()
+    share = settings.mem_fraction_static / settings.replicas
+    return int(share * free / kv_bytes_per_token(read_text_config(target_path(settings))[1]))
 
 
 def _serve(conn, settings: EngineSettings, threads: int) -> None:
@@ -73,15 +99,17 @@ class ReplicatedBackend:
         self.procs: list[mp.Process] = []
         self.conns = []
         threads = max(1, (os.cpu_count() or 1) // settings.replicas)
+        tokens = pool_tokens(settings)
         ctx = mp.get_context("spawn")  # CUDA and SGLang's own subprocesses need a fresh interpreter
         try:
             for k in range(settings.replicas):
                 parent, child = ctx.Pipe()
-                proc = ctx.Process(target=_serve, args=(child, replica_settings(settings, k), threads), name=f"replica-{k}")
+                proc = ctx.Process(target=_serve, args=(child, replica_settings(settings, k, tokens), threads), name=f"replica-{k}")
                 proc.start()
                 child.close()
                 self.procs.append(proc)
                 self.conns.append(parent)
+            for k in range(settings.replicas):
                 _, name, stop_ids, context_len = self._receive(k, "ready")
             self.name, self.stop_ids, self.context_len = name, stop_ids, context_len
         except BaseException:
