@@ -19,6 +19,7 @@ from trainer.config import Config
 from trainer.data import EncodedSample, MixLoader, token_batches
 from trainer.dist import Parallel
 from trainer.flops import device_peak_tflops
+from trainer.preflight import resume_path
 from trainer.schedule import RunClock, draft_optimizer, lr_factor
 from trainer.sources import PreparedData, TargetBundle, load_target, prepare_data, target_recipe, train_batcher
 from trainer.stream.feature_stream import TargetSource
@@ -93,7 +94,7 @@ def build(cfg: Config, par: Parallel, ckpt_root: Path) -> Built:
     data = prepare_data(cfg.data, head.tokenizer, cfg.trainer.seed, cfg.trainer.eval_prompts_file)
     loader = data.train_loader(train_batcher(cfg.data, target.pad_id), par.rank, par.world)
     prompts, prompt_origin = eval_prompt_set(cfg, data)
-    resume_from = resume_path(cfg, ckpt_root)
+    resume_from = resume_path(cfg.trainer.resume, ckpt_root)
     built = vocab_map(loader.epoch_samples(0), head.info.vocab_size, cfg.draft.vocab_size)  # an epoch of the mix: counts follow its weights
     if resume_from:
         check_resume(cfg, resume_from, identity.fingerprint(built))  # before anything is built to the checkpoint's shapes
@@ -191,20 +192,6 @@ def deepspeed_model(
     config = deepspeed_config(cfg, dtype == torch.bfloat16)
     engine, *_ = deepspeed.initialize(model=objective, optimizer=opt, lr_scheduler=sched, config=config)
     return engine
-
-
-def resume_path(cfg: Config, ckpt_root: Path) -> Path | None:
-    """The checkpoint ``trainer.resume`` names: auto (this run dir's latest), a checkpoint, or a run dir."""
-    resume = cfg.trainer.resume
-    if resume is None:
-        return None
-    if resume == "auto":
-        return ckpt.latest(ckpt_root)
-    path = Path(resume)
-    found = path if ckpt.is_complete(path) else ckpt.latest(path / "checkpoints")
-    if found is None:
-        raise ValueError(f"config trainer.resume: {path} is neither a checkpoint nor a run dir with checkpoints")
-    return found
 
 
 def check_resume(cfg: Config, path: Path, now: dict) -> None:

@@ -38,6 +38,7 @@ from trainer.components import (
 )
 from trainer.config import Config
 from trainer.dist import Parallel, init_parallel, resolve_device, shared_run_dir, synchronize
+from trainer.preflight import check_inputs
 from trainer.report.report import REPORT_DIR, REPORT_FILE, format_summary, run_summary, write_report
 from trainer.stream.feature_stream import open_feature_stream
 from trainer.ttt import TTTOutput, draft_step
@@ -172,6 +173,7 @@ def run(cfg: Config, run_dir: Path) -> dict:
     signals.install()  # from the start: DeepSpeed's first init may build an op for a minute
     run_dir, is_main = run_dir / cfg.trainer.output_dir, os.environ.get("RANK", "0") == "0"
     try:
+        check_inputs(cfg, run_dir / CHECKPOINTS)  # before DeepSpeed and the target start: a wrong path is an error in a second
         par = init_parallel(resolve_device(cfg.trainer.device))
         run_dir, is_main = shared_run_dir(run_dir), par.is_main
         run_dir.mkdir(parents=True, exist_ok=True)
