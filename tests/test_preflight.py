@@ -80,12 +80,16 @@ def test_only_a_run_dir_holding_nothing_but_hydra_files_is_removed(tmp_path, mon
     assert not (tmp_path / "outputs" / "2026-12-02").exists() and (tmp_path / "outputs").is_dir()
 
 
-def test_the_command_line_says_a_missing_file_in_one_line_and_leaves_no_run_dir(tmp_path):
+@pytest.mark.parametrize("bad", ["data", "target"])
+def test_the_command_line_says_a_bad_input_in_one_line_and_leaves_no_run_dir(tmp_path, bad):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "HYDRA_FULL_ERROR")}
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"],,}')
+    args = sharegpt(tmp_path / "nowhere.jsonl") if bad == "data" else ["target=local", f"target.path={tmp_path / 'target'}"]
     run_dir = tmp_path / "outputs" / "run"
-    cmd = [sys.executable, "-m", "trainer", f"hydra.run.dir={run_dir}", *sharegpt(tmp_path / "nowhere.jsonl")]
+    cmd = [sys.executable, "-m", "trainer", f"hydra.run.dir={run_dir}", *args]
     out = subprocess.run(cmd, env=env | {"PYTHONPATH": str(ROOT)}, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 1, out.stderr
     lines = out.stderr.strip().splitlines()
-    assert lines[0].startswith("error: config data.sources.sharegpt.path: ") and len(lines) <= 3, out.stderr
+    assert lines[0].startswith(f"error: config {bad}") and len(lines) <= 3, out.stderr
     assert "Loading weights" not in out.stderr and not run_dir.exists() and not (tmp_path / "outputs").exists()

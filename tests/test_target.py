@@ -21,7 +21,7 @@ import models.embedded as embedded
 from models.aux_ids import AuxLayerIds
 from models.batch import TokenBatch
 from models.embedded import embedded_target_dir
-from models.target import HFTargetEngine
+from models.target import HFTargetEngine, load_tokenizer
 
 VOCAB = 128
 
@@ -202,6 +202,17 @@ def test_from_path_errors(tmp_path):
     (tmp_path / "weights.bin").write_bytes(b"")
     with pytest.raises(ValueError, match="gguf"):
         HFTargetEngine.from_path(tmp_path / "weights.bin")
+
+
+def test_what_transformers_cannot_load_is_one_line_naming_the_target(tmp_path):
+    tiny_llama().save_pretrained(tmp_path / "tiny")
+    (tmp_path / "tiny" / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match=r"^target .*tiny: transformers cannot load its model: .*model\.safetensors") as err:
+        HFTargetEngine.from_path(tmp_path / "tiny")
+    assert len(str(err.value).splitlines()) == 1
+    with pytest.raises(ValueError, match=r"^target .*tiny: transformers cannot load its tokenizer: ") as err:
+        load_tokenizer(tmp_path / "tiny")  # no tokenizer files: transformers' message spans lines
+    assert len(str(err.value).splitlines()) == 1
 
 
 def test_architecture_without_layers():
