@@ -6,9 +6,11 @@ import sys
 import warnings
 
 import pytest
+from hydra import compose, initialize_config_dir
 
 from tests.tiny import ROOT, TINY
 from trainer import console
+from trainer.config import did_you_mean, register_schema, to_config
 
 DIST = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -34,6 +36,32 @@ def test_a_config_error_is_a_few_lines(tmp_path, override, says):
     assert out.returncode == 1
     lines = out.stderr.strip().splitlines()
     assert lines[0].startswith(says) and len(lines) <= 3 and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("schedule=wsdd", "Could not find 'schedule/wsdd'; did you mean wsd? (options in 'schedule': constant, cosine, wsd)"),
+        ("trainer.max_step=5", "Key 'max_step' not in 'TrainConfig'; did you mean trainer.max_steps?"),
+        ("scheduel=wsd", "Key 'scheduel' not in 'Config'; did you mean schedule?"),
+        (
+            "+trainer.max_step=5",
+            "config trainer.max_step: unknown key (not in the schema, trainer/config.py): remove it or fix its "
+            "spelling; did you mean trainer.max_steps?",
+        ),
+    ],
+)
+def test_a_short_error_keeps_the_fix(override, says):
+    register_schema()
+    with pytest.raises(console.USER_ERRORS) as err:
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            to_config(compose(config_name="config", overrides=[override]))
+    lines = console.short_error(err.value).splitlines()
+    assert says in lines[0] and len(lines) == 2, lines
+
+
+def test_a_far_off_key_gets_no_guess():
+    assert did_you_mean("zzz", ["max_steps", "epochs"]) == ""
 
 
 def test_verbose_and_hydra_full_error_give_the_trace(tmp_path):

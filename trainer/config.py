@@ -7,8 +7,9 @@ composition; ``__post_init__`` checks the values (``ValueError`` naming the key)
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -296,12 +297,20 @@ def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
     return out
 
 
+def did_you_mean(name: str, known: Iterable[str], prefix: str = "") -> str:
+    """``"; did you mean PREFIX+X?"`` for the ``known`` name closest to a misspelt ``name``; "" when none is close."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {prefix}{close[0]}?" if close else ""
+
+
 def to_config(cfg: DictConfig) -> Config:
     """Resolve a composed Hydra config into typed dataclasses (runs every check)."""
     unknown = unknown_keys(cfg)
-    _require(
-        not unknown, unknown[0] if unknown else "", "unknown key (not in the schema, trainer/config.py): remove it or fix its spelling"
-    )
+    if unknown:
+        parent, _, name = unknown[0].rpartition(".")
+        known = [f.name for f in fields(OmegaConf.get_type(OmegaConf.select(cfg, parent) if parent else cfg))]
+        hint = did_you_mean(name, known, f"{parent}." if parent else "")
+        _require(False, unknown[0], f"unknown key (not in the schema, trainer/config.py): remove it or fix its spelling{hint}")
     try:
         return OmegaConf.to_object(cfg)
     except MissingMandatoryValue as e:

@@ -11,9 +11,12 @@ import logging
 import os
 import sys
 import warnings
+from dataclasses import fields, is_dataclass
 
-from hydra.errors import HydraException
-from omegaconf.errors import OmegaConfBaseException
+from hydra.errors import HydraException, MissingConfigException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+from trainer.config import did_you_mean
 
 VERBOSE_ENV = "STREAMDRAFT_VERBOSE"
 SHORT_ERRORS_ENV = "STREAMDRAFT_SHORT_ERRORS"  # set by the entry point unless full traces were asked for
@@ -62,12 +65,19 @@ def exit_if_short(e: BaseException) -> None:
 
 def short_error(e: BaseException) -> str:
     """A user error in one to three lines: its message (for Hydra's and OmegaConf's errors the
-    first line and the first line of the cause), and where the full trace is."""
-    if isinstance(e, (HydraException, OmegaConfBaseException)):
+    first line and the first line of the cause, with the fix: a config group's options, the
+    schema key a misspelt one is closest to), and where the full trace is."""
+    if isinstance(e, MissingConfigException) and e.options:
+        group, _, name = e.missing_cfg_file.rpartition("/")
+        lines = [f"Could not find '{e.missing_cfg_file}'{did_you_mean(name, e.options)} (options in '{group}': {', '.join(e.options)})"]
+    elif isinstance(e, (HydraException, OmegaConfBaseException)):
         lines = [str(e).splitlines()[0].rstrip(".")]
-        cause = e.__cause__
-        if isinstance(cause, OmegaConfBaseException) and str(cause):
+        cause = e.__cause__ if isinstance(e, HydraException) else e
+        if cause is not e and isinstance(cause, OmegaConfBaseException) and str(cause):
             lines[0] += f": {str(cause).splitlines()[0]}"
+        if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and is_dataclass(cause.object_type):
+            prefix = cause.full_key[: -len(str(cause.key))] if cause.full_key else ""
+            lines[0] += did_you_mean(str(cause.key), [f.name for f in fields(cause.object_type)], prefix)
     else:
         lines = str(e).splitlines() or [type(e).__name__]
     return "\n".join(["error: " + lines[0], *lines[1:], "(full trace: add --verbose or set HYDRA_FULL_ERROR=1)"])
