@@ -293,6 +293,9 @@ def test_export_verify_eval_for_the_training_loop(target, fitted_draft, tmp_path
     assert [f"eval/accept_rate_{i}" in metrics for i in range(K)] == [True] * K
     assert sorted(p.name for p in (tmp_path / "export").iterdir()) == ["sglang", "vllm"]
     assert metrics["verify"]["vllm"].startswith("OK")
+    exported = tmp_path / "export" / "sglang"
+    assert read_export_config(exported).eval_max_new_tokens == 16  # serving.eval's defaults are the run's: the same tau
+    assert evaluate_export(exported, engine.model, tokenizer, prompts).accept_len == metrics["eval/accept_len"]
     with pytest.raises(ValueError, match="2 aux layer ids"):  # a draft the engines cannot serve never gets evaluated
         other_ids = HFTargetEngine(engine.model, aux_layer_ids=[1, 14])  # the same model, two aux layers
         export_verify_eval(draft, vocab, other_ids.info, other_ids.model, tokenizer, prompts, tmp_path / "bad", norm_output=False)
