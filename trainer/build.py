@@ -13,7 +13,7 @@ from models.batch import TokenBatch
 from models.draft import DraftShape, Eagle3Draft, Pointwise, draft_shape_for
 from models.target import TargetInfo
 from models.vocab_map import VocabMap, build_vocab_map, count_tokens
-from serving.prompts import PromptSpec, prompts_from_conversations, read_prompt_file
+from serving.prompts import PromptSpec, distinct, prompts_from_conversations, read_prompt_file
 from trainer import checkpoint as ckpt
 from trainer.config import Config
 from trainer.data import EncodedSample, MixLoader, token_batches
@@ -209,8 +209,9 @@ def check_resume(cfg: Config, path: Path, now: dict) -> None:
 
 def eval_prompt_set(cfg: Config, data: PreparedData) -> tuple[list[PromptSpec], dict]:
     """The serving-eval prompts and where they come from (the run summary's ``eval_prompts``):
-    ``trainer.eval_prompts_file``, or the first ``trainer.eval_prompts`` held-out conversations
-    of the sources in mix order, with the held-out rule and how many each source gave."""
+    ``trainer.eval_prompts_file``, or the first ``trainer.eval_prompts`` distinct prompts of the
+    held-out conversations of the sources in mix order (conversations that open alike ask one
+    prompt), with the held-out rule and how many each source gave."""
     n = cfg.trainer.eval_prompts
     if cfg.trainer.eval_prompts_file is not None:
         prompts = read_prompt_file(cfg.trainer.eval_prompts_file, limit=n)
@@ -219,7 +220,7 @@ def eval_prompt_set(cfg: Config, data: PreparedData) -> tuple[list[PromptSpec], 
         prompts, taken = [], {}
         for name in data.mix.names:
             if len(prompts) < n:
-                got = prompts_from_conversations(data.eval_conversations[name], limit=n - len(prompts))
+                got = distinct(prompts + prompts_from_conversations(data.eval_conversations[name]))[len(prompts) : n]
                 prompts, taken[name] = prompts + got, len(got)
         origin = {"kind": "heldout", "split": data.heldout_rule, "sources": taken}
     return prompts, origin | {"prompts": len(prompts), "turns": sum(p.turns for p in prompts)}

@@ -126,14 +126,17 @@ class Trainer:
         try:
             for epoch in range(self.state.pos.epoch, self.cfg.trainer.epochs):
                 if not self._epoch(epoch, bar):
+                    self.checkpointer.save()  # a cap ended the run inside an epoch
                     break
                 self.state.pos = ckpt.Position(self.state.step, epoch + 1, 0, self.state.train_s)
                 self.checkpointer.save()
-            else:
-                return
-            self.checkpointer.save()  # the step cap ended the run inside an epoch
         finally:
             bar.close()
+        if self.state.out_of_time and self.par.is_main:
+            log.info(
+                f"training stopped by trainer.max_time_s={self.cfg.trainer.max_time_s:g}: {self.built.clock.spent_s:.1f} s trained, "
+                f"step {self.state.step} of {self.built.total_steps}"
+            )
 
     def fit(self) -> dict:
         """Evaluate the untrained draft, train, export, evaluate again; returns the summary."""

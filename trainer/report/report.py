@@ -67,6 +67,7 @@ def key_figures(summary: dict) -> list[tuple[str, str]]:
     evals = summary.get("eval") or {}
     rows = [
         ("optimizer steps", summary.get("steps")),
+        ("stopped by", summary.get("stopped_by")),
         ("wall time", None if summary.get("wall_time_s") is None else f"{summary['wall_time_s']:.1f} s"),
         ("held-out sim. accept length", _accept(summary)),
         ("real accept length τ (bonus incl.)", _tau(evals)),
