@@ -56,6 +56,15 @@ def test_a_corrupt_target_config_is_one_line_naming_the_file(nothing_heavy, tmp_
     assert len(message.splitlines()) == 1
 
 
+def test_an_initial_draft_that_is_no_draft_dir_is_refused_before_anything_starts(nothing_heavy, tmp_path):
+    with pytest.raises(ValueError, match="config draft.init_from: .*gone is not a directory"):
+        run(tiny_config(f"draft.init_from={tmp_path / 'gone'}"), tmp_path)
+    (tmp_path / "draft").mkdir()
+    (tmp_path / "draft" / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="config draft.init_from: .*draft has no model.safetensors"):
+        run(tiny_config(f"draft.init_from={tmp_path / 'draft'}"), tmp_path)
+
+
 def test_a_missing_prompt_file_is_named(nothing_heavy, tmp_path):
     with pytest.raises(ValueError, match="config trainer.eval_prompts_file: .*prompts.jsonl is not a file"):
         run(tiny_config(f"trainer.eval_prompts_file={tmp_path / 'prompts.jsonl'}"), tmp_path)

@@ -18,6 +18,7 @@ from trainer import checkpoint as ckpt
 from trainer.config import Config
 from trainer.data import EncodedSample, MixLoader, token_batches
 from trainer.dist import Parallel
+from trainer.draft_init import InitialDraft, initial_draft
 from trainer.flops import device_peak_tflops
 from trainer.preflight import resume_path
 from trainer.schedule import RunClock, draft_optimizer, lr_factor
@@ -88,14 +89,17 @@ def build(cfg: Config, par: Parallel, ckpt_root: Path) -> Built:
     dtype = _dtype(cfg.target.dtype, par.device)
     target = load_target(cfg.target, cfg.engine.mode, par.device, dtype)
     head, ids = target.head, tuple(target.head.info.aux_layer_ids)
-    shape = draft_shape_for(head.config, len(ids), cfg.draft.vocab_size, cfg.draft.intermediate_size)
+    configured = draft_shape_for(head.config, len(ids), cfg.draft.vocab_size, cfg.draft.intermediate_size)
+    init = initial_draft(cfg.draft, head, configured)  # draft.init_from, checked against this target and config
+    shape = init.shape if init else configured
     identity = RunIdentity(cfg, head.info, shape, ckpt.tensor_digest(head.embed_weight), dtype, par.world)
     source = TargetSource(target_recipe(cfg, ids, dtype, par), engine=target.engine, info=head.info)
     data = prepare_data(cfg.data, head.tokenizer, cfg.trainer.seed, cfg.trainer.eval_prompts_file)
     loader = data.train_loader(train_batcher(cfg.data, target.pad_id), par.rank, par.world)
     prompts, prompt_origin = eval_prompt_set(cfg, data)
     resume_from = resume_path(cfg.trainer.resume, ckpt_root)
-    built = vocab_map(loader.epoch_samples(0), head.info.vocab_size, cfg.draft.vocab_size)  # an epoch of the mix: counts follow its weights
+    # the map trained with: draft.init_from's, else from an epoch of the mix (counts follow its weights)
+    built = init.vocab if init else vocab_map(loader.epoch_samples(0), head.info.vocab_size, cfg.draft.vocab_size)
     if resume_from:
         check_resume(cfg, resume_from, identity.fingerprint(built))  # before anything is built to the checkpoint's shapes
     vocab = VocabMap.load(resume_from / ckpt.VOCAB_FILE) if resume_from else built
@@ -115,7 +119,7 @@ def build(cfg: Config, par: Parallel, ckpt_root: Path) -> Built:
         labeler=labeler,
         total_steps=total,
         clock=clock,
-        ds_model=deepspeed_model(cfg, target, shape, vocab, total, clock, dtype, par.device),
+        ds_model=deepspeed_model(cfg, target, shape, vocab, total, clock, dtype, par.device, init),
         peak_tflops=device_peak_tflops(cfg.trainer.peak_tflops, par.device.type),
     )
 
@@ -177,13 +181,18 @@ def deepspeed_model(
     clock: RunClock,
     dtype: torch.dtype,
     device: torch.device,
+    init: InitialDraft | None = None,
 ):
-    """The draft, initialised from the target's embedding and lm_head, in its TTT objective under DeepSpeed."""
+    """The draft, initialised from ``init`` (draft.init_from) or else from the target's embedding and
+    lm_head, in its TTT objective under DeepSpeed."""
     import deepspeed
 
     head = target.head
     draft = Eagle3Draft(shape, pointwise_for(cfg, device))
-    draft.init_from_target(head.embed_weight.float().cpu(), head.lm_head_weight.float().cpu(), vocab.draft_to_target)
+    if init:
+        draft.load_state_dict(init.draft.state_dict())
+    else:
+        draft.init_from_target(head.embed_weight.float().cpu(), head.lm_head_weight.float().cpu(), vocab.draft_to_target)
     objective = TTTObjective(draft, cfg.draft.ttt_steps, cfg.draft.step_decay, cfg.draft.norm_output)
     params = [p for p in objective.parameters() if p.requires_grad]
     s = cfg.schedule

@@ -39,6 +39,7 @@ class DraftConfig:
     norm_output: bool = False  # false: SGLang feeds the draft its pre-norm output back at draft steps > 0
     intermediate_size: Optional[int] = None  # the draft MLP's width; None: the target's
     compile_pointwise: Optional[bool] = None  # RMSNorm, SiLU x up, RoPE through torch.compile; None: on a CUDA trainer
+    init_from: Optional[str] = None  # an EAGLE-3 draft dir to train on (export, SpecForge, speculators); None: from the target
 
     def __post_init__(self) -> None:
         _require(self.vocab_size > 0, "draft.vocab_size", "must be positive")

@@ -2,7 +2,7 @@
 path the config names exists and is what its key says, so a typo costs a second, not a start-up.
 
 ``check_inputs`` raises ``ValueError`` naming the key and the path; it reads no more than the
-target's ``config.json`` and the first bytes of each data file.
+target's and the initial draft's ``config.json`` and the first bytes of each data file.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from models.target_config import read_text_config
+from serving.formats import CONFIG_FILE, WEIGHTS_FILE, read_config_file
 from trainer import checkpoint as ckpt
 from trainer.config import Config, DataConfig
 from trainer.data.files import data_files, local_path
@@ -19,6 +20,7 @@ from trainer.data.sources import CORPUS_FORMATS
 def check_inputs(cfg: Config, ckpt_root: Path) -> None:
     """Every input path of ``cfg`` (``ckpt_root``: this run dir's checkpoints, for ``trainer.resume=auto``)."""
     check_target_path(cfg.target.path)
+    check_draft_path(cfg.draft.init_from)
     check_data_paths(cfg.data)
     check_prompt_file("trainer.eval_prompts_file", cfg.trainer.eval_prompts_file)
     for path in cfg.data.heldout_prompt_files:
@@ -41,6 +43,21 @@ def check_target_path(path: str | None) -> None:
         read_text_config(resolved)
     except ValueError as e:
         raise ValueError(f"config target.path: {e}") from None
+
+
+def check_draft_path(path: str | None) -> None:
+    """``draft.init_from``: a draft dir with a ``config.json`` that reads and its ``model.safetensors``."""
+    if path is None:
+        return
+    resolved = Path(path).expanduser()
+    if not resolved.is_dir():
+        raise ValueError(f"config draft.init_from: {path} is not a directory (an EAGLE-3 draft: config.json + {WEIGHTS_FILE})")
+    try:
+        read_config_file(resolved / CONFIG_FILE)
+    except ValueError as e:
+        raise ValueError(f"config draft.init_from: {e}") from None
+    if not (resolved / WEIGHTS_FILE).is_file():
+        raise ValueError(f"config draft.init_from: {path} has no {WEIGHTS_FILE}")
 
 
 def check_data_paths(cfg: DataConfig) -> None:
