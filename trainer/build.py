@@ -16,7 +16,7 @@ from models.vocab_map import VocabMap, build_vocab_map, count_tokens
 from serving.prompts import PromptSpec, distinct, prompts_from_conversations, read_prompt_file
 from trainer import checkpoint as ckpt
 from trainer.config import Config
-from trainer.data import EncodedSample, MixLoader, token_batches
+from trainer.data import EncodedSample, MixLoader, read_chat_template, token_batches
 from trainer.dist import Parallel
 from trainer.draft_init import InitialDraft, initial_draft
 from trainer.flops import device_peak_tflops
@@ -89,6 +89,8 @@ def build(cfg: Config, par: Parallel, ckpt_root: Path) -> Built:
     dtype = _dtype(cfg.target.dtype, par.device)
     target = load_target(cfg.target, cfg.engine.mode, par.device, dtype)
     head, ids = target.head, tuple(target.head.info.aux_layer_ids)
+    if cfg.data.chat_template is not None:  # the data and the serving eval render with it
+        head.tokenizer.chat_template = read_chat_template(cfg.data.chat_template)
     configured = draft_shape_for(head.config, len(ids), cfg.draft.vocab_size, cfg.draft.intermediate_size)
     init = initial_draft(cfg.draft, head, configured)  # draft.init_from, checked against this target and config
     shape = init.shape if init else configured

@@ -77,6 +77,7 @@ class DataConfig:
     train_thinking: bool = True  # False: <think>...</think> spans stay out of the mask
     think_tags: list[str] = field(default_factory=lambda: ["<think>", "</think>"])
     on_error: str = "raise"  # a malformed record: raise (naming file:line) | skip (counted)
+    chat_template: Optional[str] = None  # a Jinja chat template file, for a target whose tokenizer has none or the wrong one
     heldout_prompt_files: list[str] = field(default_factory=list)  # prompt files no training conversation may repeat (leak check)
 
     def __post_init__(self) -> None:

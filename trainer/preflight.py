@@ -13,6 +13,7 @@ from models.target_config import read_text_config
 from serving.formats import CONFIG_FILE, WEIGHTS_FILE, read_config_file
 from trainer import checkpoint as ckpt
 from trainer.config import Config, DataConfig
+from trainer.data.chat import read_chat_template
 from trainer.data.files import data_files, local_path
 from trainer.data.sources import CORPUS_FORMATS
 
@@ -22,6 +23,8 @@ def check_inputs(cfg: Config, ckpt_root: Path) -> None:
     check_target_path(cfg.target.path)
     check_draft_path(cfg.draft.init_from)
     check_data_paths(cfg.data)
+    if cfg.data.chat_template is not None:
+        read_chat_template(cfg.data.chat_template)
     check_prompt_file("trainer.eval_prompts_file", cfg.trainer.eval_prompts_file)
     for path in cfg.data.heldout_prompt_files:
         check_prompt_file("data.heldout_prompt_files", path)
