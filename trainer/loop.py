@@ -19,6 +19,7 @@ from trainer import checkpoint as ckpt
 from trainer.build import build, eval_batches
 from trainer.components import (
     END_EVAL,
+    EVAL_PROMPTS_FILE,
     REPORT,
     SERVING_EVAL,
     TRAINING,
@@ -44,7 +45,6 @@ from trainer.stream.feature_stream import open_feature_stream
 from trainer.ttt import TTTOutput, draft_step
 
 CHECKPOINTS = "checkpoints"  # the run dir's checkpoint folder
-EVAL_PROMPTS_FILE = "eval_prompts.jsonl"  # the run dir's serving-eval prompts, a serving/prompts.py file
 log = logging.getLogger(__name__)
 
 
