@@ -94,3 +94,41 @@ def test_quiet_filters_the_torch_gloo_notice_and_nothing_else(monkeypatch):
         )
         warnings.warn("`torch.distributed.all_reduce_coalesced` will be deprecated.", FutureWarning)
     assert [str(w.message) for w in seen] == ["`torch.distributed.all_reduce_coalesced` will be deprecated."]
+
+
+def test_deepspeeds_op_notice_is_dropped_and_nothing_else(monkeypatch, capsys):
+    monkeypatch.delenv(console.VERBOSE_ENV, raising=False)
+    with console.without_notices():
+        print("DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully")
+        print("a line of the run")
+    assert capsys.readouterr().out == "a line of the run\n"
+    monkeypatch.setenv(console.VERBOSE_ENV, "1")
+    with console.without_notices():
+        print("DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully")
+    assert "built successfully" in capsys.readouterr().out
+
+
+def test_a_rank_other_than_0_shows_only_errors_on_the_console(monkeypatch, tmp_path):
+    import logging
+
+    import transformers
+
+    monkeypatch.delenv(console.VERBOSE_ENV, raising=False)
+    monkeypatch.setenv("RANK", "1")
+    console_handler, file_handler = logging.StreamHandler(), logging.FileHandler(tmp_path / "rank1.log")
+    root = logging.getLogger()
+    levels = {h: h.level for h in root.handlers}  # pytest's capture handlers are stream handlers too
+    root.addHandler(console_handler)
+    root.addHandler(file_handler)
+    try:
+        console.log_levels()
+        assert console_handler.level == logging.ERROR and file_handler.level == logging.NOTSET
+        assert not transformers.utils.logging.is_progress_bar_enabled()
+    finally:
+        root.removeHandler(console_handler)
+        root.removeHandler(file_handler)
+        file_handler.close()
+        for handler, level in levels.items():
+            handler.setLevel(level)
+        transformers.utils.logging.enable_progress_bar()
+        logging.captureWarnings(False)

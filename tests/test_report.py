@@ -197,6 +197,7 @@ def test_format_summary_lists_figures_and_paths():
         assert fragment in text, fragment
     assert "n/a (resumed)" in format_summary(SUMMARY | {"untrained_eval_sim_accept_len": None})
     assert re.search(r"\nstopped by +trainer\.max_time_s\n", format_summary(SUMMARY | {"stopped_by": "trainer.max_time_s"}))
+    assert re.search(r"\ntrainer ranks +2\n", format_summary(SUMMARY | {"ranks": 2}))
     served = SUMMARY["eval"] | {"eval/accept_len": 2.5, "eval/accept_len_se": 0.125}
     assert "τ (bonus incl.)  2.500 ± 0.125" in format_summary(SUMMARY | {"eval": served})
     piped = format_summary(

@@ -7,10 +7,14 @@ The run's own log (summary, warnings, a failure with its full traceback) also go
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
+import re
 import sys
 import warnings
+from collections.abc import Iterator
 from dataclasses import fields, is_dataclass
 
 from hydra.errors import HydraException, MissingConfigException
@@ -22,6 +26,7 @@ VERBOSE_ENV = "STREAMDRAFT_VERBOSE"
 SHORT_ERRORS_ENV = "STREAMDRAFT_SHORT_ERRORS"  # set by the entry point unless full traces were asked for
 USER_ERRORS = (ValueError, HydraException, OmegaConfBaseException)  # bad config or input: a short message
 TORCH_GLOO_NOTICE = r"`torch\.distributed\.all_gather_into_tensor` is deprecated"  # DeepSpeed's ZeRO calls it each step
+DEEPSPEED_OP_NOTICE = re.compile(r"^DeepSpeed \S+ built successfully$")  # printed by every init_distributed on a CPU
 
 
 def verbose() -> bool:
@@ -50,10 +55,34 @@ def quiet_libraries() -> None:
 
 def log_levels() -> None:
     """In the Hydra job: with verbose, the root logger (libraries, DeepSpeed's compiler probes)
-    at INFO; warnings into the log either way."""
+    at INFO; warnings into the log either way. Unless verbose, a rank other than 0 shows only
+    errors on the console (rank 0 says the rest once) and no weight-loading bar; its log file keeps all."""
     logging.captureWarnings(True)
     if verbose():
         logging.getLogger().setLevel(logging.INFO)
+    elif os.environ.get("RANK", "0") != "0":
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                handler.setLevel(logging.ERROR)
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+
+
+@contextlib.contextmanager
+def without_notices(pattern: re.Pattern = DEEPSPEED_OP_NOTICE) -> Iterator[None]:
+    """Drop the stdout lines that match ``pattern`` (a library's notice, by its exact text) printed
+    inside the block; every other line is printed as it was. Verbose: nothing is dropped."""
+    if verbose():
+        yield
+        return
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured):
+            yield
+    finally:
+        kept = [line for line in captured.getvalue().splitlines(keepends=True) if not pattern.match(line.rstrip("\n"))]
+        sys.stdout.write("".join(kept))
 
 
 def exit_if_short(e: BaseException) -> None:
