@@ -132,3 +132,21 @@ def test_a_rank_other_than_0_shows_only_errors_on_the_console(monkeypatch, tmp_p
             handler.setLevel(level)
         transformers.utils.logging.enable_progress_bar()
         logging.captureWarnings(False)
+
+
+@pytest.mark.parametrize("overrides", [[], ["engine=sglang", "+experiment=h200_quality"]])
+def test_help_names_the_app_its_groups_and_what_every_key_means(overrides):
+    from trainer.__main__ import CONF_DIR
+    from trainer.help import help_text
+
+    text = help_text(CONF_DIR, overrides)
+    assert text.startswith("usage: streamdraft train ") and "powered by Hydra" not in text and "``" not in text
+    assert "  schedule: constant, cosine, wsd" in text
+    keys = [line for line in text.splitlines() if line.startswith("  ") and " = " in line]
+    assert any(k.startswith("  trainer.max_time_s = ") and "  # caps the run's training seconds" in k for k in keys)
+    assert [k for k in keys if "  # " not in k] == []  # every key says what it means (trainer/config.py's comments)
+
+
+def test_help_on_the_command_line_is_the_apps(tmp_path):
+    out = _trainer(tmp_path / "run", "--help")
+    assert out.returncode == 0 and out.stdout.startswith("usage: streamdraft train") and not (tmp_path / "run").exists()

@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 
 from trainer import console
 from trainer.config import register_schema, to_config
+from trainer.help import help_text
 from trainer.loop import run
 
 register_schema()
@@ -58,6 +59,9 @@ def cli() -> None:
     """``main`` with short user errors. Hydra raises its own errors instead of printing them
     (HYDRA_FULL_ERROR=1) and they are shortened here."""
     console.take_verbose_flag(sys.argv)
+    if {"--help", "-h"} & set(sys.argv[1:]):  # the groups and every key with its meaning (Hydra's own: --hydra-help)
+        print(help_text(CONF_DIR, [a for a in sys.argv[1:] if not a.startswith("-")]))
+        return
     console.quiet_libraries()
     if not (console.verbose() or os.environ.get("HYDRA_FULL_ERROR") == "1"):
         os.environ[console.SHORT_ERRORS_ENV] = "1"

@@ -25,7 +25,7 @@ def _require(ok: bool, key: str, message: str) -> None:
 
 @dataclass
 class TargetConfig:
-    name: str = "smollm2-135m-instruct"
+    name: str = "smollm2-135m-instruct"  # the target's name in reports (conf/target/*.yaml set it)
     path: Optional[str] = MISSING  # local transformers dir or .gguf file; null: the embedded default (conf/target/*.yaml set it)
     aux_layer_ids: Optional[list[int]] = None  # output of decoder layer k; None: [1, N//2-1, N-4]
     dtype: str = "auto"  # auto: bfloat16 on GPU, float32 on CPU
@@ -34,8 +34,8 @@ class TargetConfig:
 @dataclass
 class DraftConfig:
     vocab_size: int = 32000  # at most the target vocab (a larger one is refused)
-    ttt_steps: int = 7
-    step_decay: float = 0.8
+    ttt_steps: int = 7  # draft positions unrolled per training step (test-time training)
+    step_decay: float = 0.8  # the loss weight of TTT position k is step_decay^k
     norm_output: bool = False  # false: SGLang feeds the draft its pre-norm output back at draft steps > 0
     intermediate_size: Optional[int] = None  # the draft MLP's width; None: the target's
     compile_pointwise: Optional[bool] = None  # RMSNorm, SiLU x up, RoPE through torch.compile; None: on a CUDA trainer
@@ -64,9 +64,9 @@ class DataConfig:
     sources: dict[str, DataSourceConfig] = field(default_factory=dict)
     mix: Any = None  # {name: weight} over data.sources; None: every source once per epoch (docs/DATA.md)
     epoch_samples: Optional[int] = None  # samples per epoch of the mix; None: the sources' total
-    holdout_fraction: float = 0.1
+    holdout_fraction: float = 0.1  # each source's share held out for evaluation, by a hash of the first prompt
     holdout_categories: Optional[list[str]] = None  # chatterbot categories held out of every source (replaces the hash split)
-    max_len: int = 512
+    max_len: int = 512  # tokens a sample keeps at most (data.overlong says what happens to longer ones)
     overlong: str = "truncate"  # samples over max_len: truncate | drop
     answer_tokens: Optional[int] = None  # every assistant turn cut to its first N tokens before encoding; None: whole
     max_tokens: int = 4096  # padded tokens per micro-batch (B x T)
@@ -75,7 +75,7 @@ class DataConfig:
     max_eval_conversations: Optional[int] = None  # cap on each source's held-out conversations
     train_only_last_turn: bool = False  # mask only the last assistant turn
     train_thinking: bool = True  # False: <think>...</think> spans stay out of the mask
-    think_tags: list[str] = field(default_factory=lambda: ["<think>", "</think>"])
+    think_tags: list[str] = field(default_factory=lambda: ["<think>", "</think>"])  # what train_thinking=false keeps out
     on_error: str = "raise"  # a malformed record: raise (naming file:line) | skip (counted)
     chat_template: Optional[str] = None  # a Jinja chat template file, for a target whose tokenizer has none or the wrong one
     heldout_prompt_files: list[str] = field(default_factory=list)  # prompt files no training conversation may repeat (leak check)
@@ -130,12 +130,12 @@ class DataConfig:
 @dataclass
 class ScheduleConfig:
     name: str = "cosine"  # cosine | constant | wsd (warmup, constant, linear decay over the run's last decay_ratio)
-    lr: float = 1e-4
-    warmup_ratio: float = 0.015
+    lr: float = 1e-4  # the peak learning rate (AdamW)
+    warmup_ratio: float = 0.015  # the share of the run with a linear warmup
     min_lr_ratio: float = 0.0  # the floor of the cosine and wsd decays, as a fraction of lr
     decay_ratio: float = 0.2  # wsd: the share of the run (steps or trainer.max_time_s) over which the LR falls
-    weight_decay: float = 0.01
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    weight_decay: float = 0.01  # AdamW weight decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW betas
 
     def __post_init__(self) -> None:
         _require(self.name in ("cosine", "constant", "wsd"), "schedule.name", f"{self.name!r} is not cosine, constant or wsd")
@@ -193,9 +193,9 @@ class EngineConfig:
 
 @dataclass
 class DeepSpeedConfig:
-    zero_stage: int = 1
-    grad_clip: float = 0.5
-    grad_accum: int = 1
+    zero_stage: int = 1  # DeepSpeed ZeRO stage of the draft: 1, 2 or 3
+    grad_clip: float = 0.5  # global gradient-norm clip
+    grad_accum: int = 1  # micro-batches an optimizer step
 
     def __post_init__(self) -> None:
         # stage 0 is left out: ZeRO's optimizers are what skip an update with a non-finite gradient
@@ -207,9 +207,9 @@ class DeepSpeedConfig:
 @dataclass
 class WandbConfig:
     mode: str = "offline"  # offline | online | disabled; the WANDB_MODE env var wins
-    project: str = "streamdraft"
-    entity: Optional[str] = None
-    name: Optional[str] = None
+    project: str = "streamdraft"  # the wandb project
+    entity: Optional[str] = None  # the wandb entity (team); None: the default one
+    name: Optional[str] = None  # the wandb run name; None: wandb picks one
 
     def __post_init__(self) -> None:
         _require(self.mode in ("offline", "online", "disabled"), "wandb.mode", f"{self.mode!r} is not offline, online or disabled")
@@ -217,12 +217,12 @@ class WandbConfig:
 
 @dataclass
 class TrainConfig:
-    epochs: int = 1
+    epochs: int = 1  # passes over the data mix (trainer.max_steps / max_time_s may end the run earlier)
     max_steps: Optional[int] = None  # optimizer steps; caps the run (smoke tests, step-capped recipes)
     max_time_s: Optional[float] = None  # caps the run's training seconds (stream + draft steps; a resume goes on counting)
-    seed: int = 0
+    seed: int = 0  # the draft's initialisation, the data shuffle and the held-out split
     device: str = "auto"  # auto | cpu | cuda
-    log_every: int = 10
+    log_every: int = 10  # optimizer steps between metric rows (wandb, metrics.jsonl)
     export_every: Optional[int] = None  # optimizer steps between export -> verify -> serving eval; the end always does it
     eval_batches: Optional[int] = None  # held-out batches per evaluation; None: all
     output_dir: str = "."  # relative to Hydra's run dir
