@@ -35,6 +35,7 @@ from serving.prompts import PromptSpec, ask, read_prompt_file, render, stop_ids_
 from serving.speculative.decode import Generation, speculative_generate, teacher_forced_hits
 from serving.speculative.draft_runner import DraftRunner
 from serving.speculative.target_runner import FEATURES, TargetRunner, greedy_generate
+from serving.usage import PlainHelp
 
 
 def ratio_se(units: Sequence[tuple[float, float]]) -> float:
@@ -247,7 +248,7 @@ def _shared_embedding(model, parsed):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m serving.eval", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m serving.eval", description=__doc__.split("\n\n")[0], formatter_class=PlainHelp)
     p.add_argument("export_dir", type=Path)
     p.add_argument("--target", type=Path, default=None, help="target transformers dir or .gguf (default: the embedded target)")
     p.add_argument("--prompts", type=Path, required=True, help="jsonl with prompt / messages / turns (a run's: RUN/eval_prompts.jsonl)")
