@@ -64,6 +64,7 @@ def test_a_far_off_key_gets_no_guess():
     assert did_you_mean("zzz", ["max_steps", "epochs"]) == ""
 
 
+@pytest.mark.slow
 def test_verbose_and_hydra_full_error_give_the_trace(tmp_path):
     for out in (
         _trainer(tmp_path, "draft.ttt_steps=0", "--verbose"),

@@ -549,7 +549,6 @@ def test_a_chat_template_file_that_is_missing_or_broken_is_named(tmp_path):
         data.read_chat_template(tmp_path / "bad.jinja")
 
 
-@pytest.mark.slow
 def test_the_run_renders_its_data_and_eval_prompts_with_the_chat_template(tmp_path):
     from tests.tiny import tiny_config
     from trainer.loop import Trainer

@@ -91,7 +91,6 @@ def test_a_stray_tensor_is_refused_by_name(tmp_path):
         initial_draft(DraftConfig(init_from=str(path)), _head(SHAPE), SHAPE)
 
 
-@pytest.mark.slow
 def test_the_run_trains_the_initial_drafts_weights_with_its_map(tmp_path):
     target = embedded_target_dir(Path(os.environ["STREAMDRAFT_CACHE"]))
     shape = draft_shape_for(read_target_config(target)[1], 3, 1024)

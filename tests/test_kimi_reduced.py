@@ -158,6 +158,7 @@ def test_head_is_read_by_name_and_a_dir_without_it_cannot_load(tmp_path):
     assert (engine.info.architecture, engine.info.num_layers) == (ARCHITECTURE, 5)
 
 
+@pytest.mark.slow
 def test_dry_run_prints_commands_whose_overrides_the_schema_accepts(tmp_path):
     env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1")
     out = subprocess.run(
