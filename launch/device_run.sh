@@ -2,7 +2,7 @@
 # How the GPU figures in docs/BENCHMARKS.md are made on a bare H200 machine (python3 with torch,
 # transformers and numpy, no network), in calls of at most 64 MiB each, back to back:
 #
-#   launch/device_run.sh setup-sglang SGLANG_WHEELS_DIR [JIT_CACHE_TGZ]   # ../shared/tools/sglang_wheels.sh output
+#   launch/device_run.sh setup-sglang SGLANG_WHEELS_DIR [JIT_CACHE_TGZ]   # the offline SGLang wheel set (docs/SGLANG.md)
 #   launch/device_run.sh setup-deps DEPS_WHEELS_DIR GGUF_PART_DIR         # project deps; first part(s) of the GGUF
 #   launch/device_run.sh setup-gguf GGUF_PART_DIR                          # last part(s); joins and checks the GGUF
 #   launch/device_run.sh bg NAME GPU COMMAND...     # COMMAND on one GPU in the background (survives the call);

@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+from serving.usage import PlainHelp
 from trainer.datagen.gen_backend import EngineSettings, GenerationSettings, default_batch_size
 from trainer.datagen.replicas import open_generator
 from trainer.regenerate import done_ids, generation_meta, prompt_conversations, prompt_key, record_id, regenerate
@@ -168,7 +169,7 @@ def training_figures(run: Path) -> dict:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python3 launch/recipe.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python3 launch/recipe.py", description=__doc__.split("\n\n")[0], formatter_class=PlainHelp)
     p.add_argument("--corpora", type=Path, required=True, help="trainer.corpora prepare's output dir")
     p.add_argument("--out", type=Path, required=True, help="the answers, the run dir, train.log, phases.json")
     p.add_argument("--target", default=None, help="a transformers dir (default: the embedded SmolLM2 target)")

@@ -92,11 +92,21 @@ def _resolve_path(path: str | Path) -> tuple[Path, str | None]:
     return path, None
 
 
+def _from_pretrained(what: str, path: str | Path, load):
+    """``load()``, transformers' ``from_pretrained`` of a local target; its OSError or ValueError (a
+    missing weights file, a tokenizer it cannot build) as one ValueError line naming the target."""
+    try:
+        return load()
+    except (OSError, ValueError) as e:
+        said = " ".join(str(e).split()) or type(e).__name__
+        raise ValueError(f"target {path}: transformers cannot load its {what}: {said}") from e
+
+
 def load_tokenizer(path: str | Path):
     """The tokenizer (with its chat template) of a local transformers dir or ``.gguf`` file."""
     directory, gguf_file = _resolve_path(path)
     kwargs = {"gguf_file": gguf_file} if gguf_file is not None else {}
-    return AutoTokenizer.from_pretrained(directory, local_files_only=True, **kwargs)
+    return _from_pretrained("tokenizer", path, lambda: AutoTokenizer.from_pretrained(directory, local_files_only=True, **kwargs))
 
 
 class HFTargetEngine:
@@ -137,7 +147,9 @@ class HFTargetEngine:
         """Load a local transformers dir or ``.gguf`` file (dequantised); never touches a hub."""
         directory, gguf_file = _resolve_path(path)
         kwargs = {"gguf_file": gguf_file} if gguf_file is not None else {}
-        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True, **kwargs)
+        model = _from_pretrained(
+            "model", path, lambda: AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True, **kwargs)
+        )
         return cls(model, aux_layer_ids, device=device, dtype=dtype, source=str(Path(path).expanduser()))
 
     def _document_mask(self, doc_ids: Tensor) -> Tensor:

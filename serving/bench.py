@@ -29,6 +29,7 @@ from pathlib import Path
 from serving.formats import DEFAULT_SPECULATIVE_TOKENS
 from serving.launch import ServerError
 from serving.prompts import PromptSpec, read_prompt_file
+from serving.usage import PlainHelp
 
 VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 VLLM_DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -203,7 +204,7 @@ def _launched_pair(args, requests) -> tuple[BenchResult, BenchResult]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m serving.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m serving.bench", description=__doc__.split("\n\n")[0], formatter_class=PlainHelp)
     p.add_argument("--prompts", type=Path, required=True)
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--concurrency", type=int, default=4)

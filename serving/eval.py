@@ -35,6 +35,7 @@ from serving.prompts import PromptSpec, ask, read_prompt_file, render, stop_ids_
 from serving.speculative.decode import Generation, speculative_generate, teacher_forced_hits
 from serving.speculative.draft_runner import DraftRunner
 from serving.speculative.target_runner import FEATURES, TargetRunner, greedy_generate
+from serving.usage import PlainHelp
 
 
 def ratio_se(units: Sequence[tuple[float, float]]) -> float:
@@ -50,6 +51,7 @@ def ratio_se(units: Sequence[tuple[float, float]]) -> float:
     return math.sqrt(len(units) / (len(units) - 1) * spread) / total
 
 
+DEFAULT_MAX_NEW_TOKENS = 128  # tokens a turn, for an export that does not carry its run's (eval_max_new_tokens)
 TF_SPANS = ((2, 16), (17, 64), (65, 128), (129, 256), (257, None))  # answer tokens (from 1) of each tf_acc_0 span
 
 
@@ -215,20 +217,23 @@ def evaluate_export(
     tokenizer,
     prompts: list[PromptSpec],
     k: int | None = None,
-    max_new_tokens: int = 128,
+    max_new_tokens: int | None = None,
     feature: str = "aux",
     check_greedy: bool = False,
 ) -> EvalResult:
     """Load ``export_dir`` onto the transformers target ``model`` and ``evaluate`` it.
 
     The aux layers captured are the export's (what the serving engine would capture); ``k``
-    defaults to the export's ``num_speculative_tokens``.
+    defaults to the export's ``num_speculative_tokens`` and ``max_new_tokens`` to the tokens a
+    turn of the run's own serving eval (``eval_max_new_tokens``; DEFAULT_MAX_NEW_TOKENS for an
+    export without it), so the same prompts give the run's τ.
     """
     parsed = read_export_config(export_dir)
     param = next(model.parameters())
     draft, vocab, _ = load_export(export_dir, embed_weight=_shared_embedding(model, parsed), dtype=param.dtype)
     draft = draft.to(param.device)
     k = k if k is not None else (parsed.num_speculative_tokens or DEFAULT_SPECULATIVE_TOKENS)
+    max_new_tokens = max_new_tokens if max_new_tokens is not None else (parsed.eval_max_new_tokens or DEFAULT_MAX_NEW_TOKENS)
     target = TargetRunner(model, parsed.aux_layer_ids, feature)
     runner = DraftRunner(draft, vocab.draft_to_target.to(param.device), parsed.norm_output)
     return evaluate(target, runner, tokenizer, prompts, k, max_new_tokens, check_greedy)
@@ -243,13 +248,18 @@ def _shared_embedding(model, parsed):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m serving.eval", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m serving.eval", description=__doc__.split("\n\n")[0], formatter_class=PlainHelp)
     p.add_argument("export_dir", type=Path)
     p.add_argument("--target", type=Path, default=None, help="target transformers dir or .gguf (default: the embedded target)")
     p.add_argument("--prompts", type=Path, required=True, help="jsonl with prompt / messages / turns (a run's: RUN/eval_prompts.jsonl)")
     p.add_argument("--limit", type=int, default=None, help="at most this many prompts from --prompts")
     p.add_argument("--k", type=int, default=None, help="draft tokens per cycle (default: the export's)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help=f"tokens a turn (default: the run's trainer.eval_max_new_tokens, from the export; else {DEFAULT_MAX_NEW_TOKENS})",
+    )
     p.add_argument("--feature", choices=FEATURES, default="aux", help="final: simulate a server without aux capture")
     p.add_argument("--check-greedy", action="store_true", help="also run plain greedy decoding and compare")
     p.add_argument("--device", default="cpu")

@@ -35,6 +35,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
+from models.aux_ids import AuxLayerIds
 from models.draft import DraftShape, Eagle3Draft
 from models.embedded import share_with_umask
 from models.vocab_map import VocabMap
@@ -42,6 +43,7 @@ from serving.formats import (
     CONFIG_FILE,
     FORMATS,
     WEIGHTS_FILE,
+    ExportConfig,
     ExportFormat,
     ExportSpec,
     embedding_is_shared,
@@ -140,8 +142,41 @@ def load_export(
     Missing, unexpected, mis-shaped or mis-typed tensors are one ValueError naming them all.
     """
     export_dir = Path(export_dir)
+    config = read_config_file(export_dir / CONFIG_FILE)
+    draft, vocab, _ = _load(export_dir, config, embed_weight, dtype)
+    return draft, vocab, config
+
+
+def load_draft(
+    path: str | os.PathLike, embed_weight: Tensor | None, target_num_layers: int, dtype: torch.dtype = torch.float32
+) -> tuple[Eagle3Draft, VocabMap, ExportConfig]:
+    """An existing EAGLE-3 draft to train on, read as strictly as ``load_export``: an SGLang or vLLM
+    (speculators) export, or a SpecForge checkpoint, whose ``config.json`` may leave out what SGLang
+    fills in (``with_sglang_defaults``). Returns the draft, its vocab map and its normalised config."""
+    path = Path(path)
+    config = read_config_file(path / CONFIG_FILE)
+    return _load(path, with_sglang_defaults(config, target_num_layers), embed_weight, dtype)
+
+
+def with_sglang_defaults(config: dict, target_num_layers: int) -> dict:
+    """A ``LlamaForCausalLMEagle3`` config as SGLang reads it, the keys SpecForge configs leave out filled
+    in: ``target_hidden_size`` = ``hidden_size``, ``head_dim`` = hidden / heads, ``eagle_config`` with the
+    default aux ids of a ``target_num_layers`` target (what SGLang captures without one). Its
+    ``tie_word_embeddings`` is read as false: the checkpoint carries the draft's own ``lm_head``."""
+    if "speculators_config" in config or config.get("architectures") != [format_named("sglang").architecture]:
+        return config
+    ids = AuxLayerIds.default(target_num_layers).sglang_argument
+    defaults = {
+        "target_hidden_size": config.get("hidden_size"),
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
+    }
+    if "hidden_size" in config and "num_attention_heads" in config:
+        defaults["head_dim"] = config["hidden_size"] // config["num_attention_heads"]
+    return defaults | config | {"tie_word_embeddings": False}
+
+
+def _load(export_dir: Path, config: dict, embed_weight: Tensor | None, dtype: torch.dtype) -> tuple[Eagle3Draft, VocabMap, ExportConfig]:
     config_path, weights_path = export_dir / CONFIG_FILE, export_dir / WEIGHTS_FILE
-    config = read_config_file(config_path)
     parsed = parse_export_config(config, str(config_path))
     shape = parsed.shape
     tensors = _read_tensors(weights_path, FORMATS[parsed.engine].expected_tensors(shape), config_path.name)
@@ -152,7 +187,7 @@ def load_export(
     tensors["embed_tokens.weight"] = _embedding(export_dir, shape, embed_weight, tensors.pop("embed_tokens.weight", None))
     draft = Eagle3Draft(shape).to(dtype)
     draft.load_state_dict(tensors, strict=True)
-    return draft, vocab, config
+    return draft, vocab, parsed
 
 
 def _read_tensors(weights_path: Path, expected: dict[str, tuple[int, ...]], config_name: str) -> dict[str, Tensor]:

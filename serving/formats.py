@@ -62,6 +62,7 @@ class ExportSpec:
     target_architecture: str | None = None
     num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
     target_path: str | None = None  # vLLM's verifier name_or_path
+    eval_max_new_tokens: int | None = None  # tokens a turn of the trainer's serving eval generates (serving.eval's default)
 
     def __post_init__(self) -> None:
         if not isinstance(self.norm_output, bool):
@@ -82,10 +83,11 @@ class ExportSpec:
         target_num_layers: int | None = None,
         num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
         target_path: str | None = None,
+        eval_max_new_tokens: int | None = None,
     ) -> "ExportSpec":
         """A spec from plain values; ``target_num_layers``, when given, bounds the aux ids."""
         ids = AuxLayerIds.of(aux_layer_ids, target_num_layers)
-        return cls(ids, norm_output, dtype, target_architecture, num_speculative_tokens, target_path)
+        return cls(ids, norm_output, dtype, target_architecture, num_speculative_tokens, target_path, eval_max_new_tokens)
 
     @property
     def target_num_layers(self) -> int | None:
@@ -104,6 +106,7 @@ class ExportConfig:
     target_architecture: str | None
     target_num_layers: int | None
     num_speculative_tokens: int | None
+    eval_max_new_tokens: int | None  # the trainer's serving eval's tokens a turn (provenance; None: not a StreamDraft run's)
     raw: dict
 
 
@@ -314,6 +317,7 @@ class ExportFormat(ABC):
             "target_architecture": spec.target_architecture,
             "target_num_layers": spec.target_num_layers,
             "num_speculative_tokens": spec.num_speculative_tokens,
+            **({"eval_max_new_tokens": spec.eval_max_new_tokens} if spec.eval_max_new_tokens is not None else {}),
             "aux_layer_id_semantics": self.aux_id_semantics,
             "embedding": "shared from the target" if embedding_is_shared(shape) else "carried (hidden_size != target_hidden_size)",
         }
@@ -334,6 +338,7 @@ class ExportFormat(ABC):
             target_architecture=_provenance_of(config).get("target_architecture"),
             target_num_layers=ours.num_layers,
             num_speculative_tokens=k,
+            eval_max_new_tokens=_provenance_of(config).get("eval_max_new_tokens"),
             raw=config,
         )
 

@@ -20,6 +20,12 @@ class RawRecord:
     error: str | None = None  # why the record could not be decoded
 
 
+def json_error(e: json.JSONDecodeError) -> str:
+    """Why a line is not JSON, with its column (``e.msg`` may already end in "at")."""
+    at = "" if e.msg.endswith(" at") else " at"
+    return f"not valid JSON ({e.msg}{at} column {e.colno})"
+
+
 def json_lines(path: Path) -> Iterator[RawRecord]:
     """One record a line, read as a stream (a large .jsonl is never held whole); a ``.gz`` file
     is read through gzip."""
@@ -32,6 +38,6 @@ def json_lines(path: Path) -> Iterator[RawRecord]:
             try:
                 value = json.loads(line)
             except json.JSONDecodeError as e:
-                yield RawRecord(where, None, f"not valid JSON ({e.msg} at column {e.colno})")
+                yield RawRecord(where, None, json_error(e))
                 continue
             yield RawRecord(where, value)

@@ -57,6 +57,7 @@ def export_verify_eval(
         info.num_layers,
         k,
         str(target_dir) if target_dir is not None else None,
+        max_new_tokens,
     )
     dirs = export_both(out_dir, draft, vocab, spec)
     reports = verify_exports(dirs, target_dir)

@@ -105,7 +105,7 @@ def write_prompt_file(specs: list[PromptSpec], path: str | Path) -> Path:
     return path
 
 
-def prompts_from_conversations(conversations, limit: int | None = None) -> list[PromptSpec]:
+def prompts_from_conversations(conversations) -> list[PromptSpec]:
     """Held-out conversations (lists of role/content messages) -> prompts asking their user
     turns in order; the conversations' own assistant answers are dropped (the model answers)."""
     specs = []
@@ -114,9 +114,14 @@ def prompts_from_conversations(conversations, limit: int | None = None) -> list[
         system = [dict(m) for m in conv[:1] if m.get("role") == "system"]
         if users:
             specs.append(PromptSpec((*system, {"role": "user", "content": users[0]}), tuple(users[1:])))
-        if limit is not None and len(specs) >= limit:
-            break
     return specs
+
+
+def distinct(specs: list[PromptSpec]) -> list[PromptSpec]:
+    """``specs`` with each prompt (context and follow-ups) once, in first-seen order."""
+    seen: set[str] = set()
+    keys = [json.dumps(prompt_record(s), sort_keys=True, ensure_ascii=False) for s in specs]
+    return [s for s, key in zip(specs, keys) if not (key in seen or seen.add(key))]
 
 
 def ask(spec: PromptSpec, answer: Callable[[list[Message]], str]) -> int:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from serving.eval import ratio_se
 from serving.prompts import Message, PromptSpec, read_prompt_file, render
+from serving.usage import PlainHelp
 
 
 @dataclass
@@ -131,7 +132,7 @@ def evaluate(
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m serving.sglang_eval", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m serving.sglang_eval", description=__doc__.split("\n\n")[0], formatter_class=PlainHelp)
     p.add_argument("export_dir", type=Path, help="an SGLang export (RUN/export/sglang)")
     p.add_argument("--prompts", type=Path, required=True, nargs="+", help="prompt jsonl files (serving/prompts.py), each reported apart")
     p.add_argument("--target", type=Path, default=None, help="target transformers dir (default: the embedded target's cache dir)")

@@ -48,6 +48,7 @@ from serving.speedup_report import (
     table,
     write_json,
 )
+from serving.usage import PlainHelp
 
 # (steps, topk, draft tokens), the order they run in: the chains the cost model needs first, then
 # SGLang's own default for Llama targets (5, 4, 8), then wider and deeper trees
@@ -295,7 +296,7 @@ def _tokenizer(target: Path):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m serving.speedup", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m serving.speedup", description=__doc__.split("\n\n")[0], formatter_class=PlainHelp)
     p.add_argument("export_dir", type=Path, help="an SGLang export (RUN/export/sglang)")
     p.add_argument("--prompts", type=Path, nargs="+", required=True, help="prompt jsonl files (serving/prompts.py), each reported apart")
     p.add_argument("--target", type=Path, default=None, help="the target's transformers dir (default: the embedded target)")

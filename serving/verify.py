@@ -32,6 +32,7 @@ from models.target_config import read_text_config
 from models.vocab_map import VocabMap
 from serving.formats import CONFIG_FILE, FORMATS, WEIGHTS_FILE, ExportConfig, format_named, format_of, read_config_file
 from serving.loaders import Replay
+from serving.usage import PlainHelp
 
 
 @dataclass(frozen=True)
@@ -228,7 +229,7 @@ def format_report(report: Report) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m serving.verify", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m serving.verify", description=__doc__.split("\n\n")[0], formatter_class=PlainHelp)
     parser.add_argument("export_dir", type=Path, help="an export dir (with --engine), else an export_both root")
     parser.add_argument("--engine", choices=list(FORMATS), default=None, help="verify DIR for this engine only")
     parser.add_argument("--target", type=Path, default=None, help="target model dir (its config.json) to check against")

@@ -16,6 +16,8 @@ def test_each_command_answers_help_as_its_module(name, capsys):
     assert done.value.code == 0
     out = capsys.readouterr().out
     assert "usage:" in out and COMMANDS[name][0].split(".")[-1] in out  # the module's own parser answered
+    if name != "regenerate":  # trainer/regenerate.py's parser is still to move to serving.usage.PlainHelp
+        assert "``" not in out, out  # docstrings' RST code marks are not shown
 
 
 def test_unknown_or_missing_command_lists_the_commands(capsys):

@@ -521,3 +521,44 @@ def test_bench_prepare_times_the_runs_data_and_digests_its_samples(tmp_path, tok
     assert row["samples"] == 35 and row["tokens"] > 0 and row["seconds"] > 0
     again = [data.encode_conversation(tokenizer, c, 4096) for c in data.chatterbot_conversations(["english"])[:3]]
     assert digest(again) != digest(again[:2]) and digest(again) == digest(list(again))
+
+
+PLAIN_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_a_chat_template_file_replaces_the_tokenizers(tokenizer, tmp_path):
+    (tmp_path / "plain.jinja").write_text(PLAIN_TEMPLATE)
+    plain = copy.deepcopy(tokenizer)
+    plain.chat_template = data.read_chat_template(tmp_path / "plain.jinja")
+    conv = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    text, spans = data.assistant_spans(plain, conv)
+    assert text == "<|user|>hi<|end|>\n<|assistant|>hello<|end|>\n" and [text[a:b] for a, b in spans] == ["hello<|end|>"]
+    plain.chat_template = None
+    with pytest.raises(ValueError, match=r"has no chat template: set data\.chat_template=FILE"):
+        data.assistant_spans(plain, conv)
+
+
+def test_a_chat_template_file_that_is_missing_or_broken_is_named(tmp_path):
+    with pytest.raises(ValueError, match=r"config data\.chat_template: .*none\.jinja is not a file"):
+        data.read_chat_template(tmp_path / "none.jinja")
+    (tmp_path / "bad.jinja").write_text("{% for m in messages %}\n{{ m['content'] }\n")
+    with pytest.raises(ValueError, match=r"config data\.chat_template: .*bad\.jinja:2: not a Jinja template"):
+        data.read_chat_template(tmp_path / "bad.jinja")
+
+
+def test_the_run_renders_its_data_and_eval_prompts_with_the_chat_template(tmp_path):
+    from tests.tiny import tiny_config
+    from trainer.loop import Trainer
+
+    (tmp_path / "plain.jinja").write_text(PLAIN_TEMPLATE)
+    trainer = Trainer(tiny_config(f"data.chat_template={tmp_path / 'plain.jinja'}"), tmp_path / "run")
+    try:
+        tokenizer = trainer.target.head.tokenizer
+        assert tokenizer.chat_template == PLAIN_TEMPLATE  # what the serving eval renders with
+        first = trainer.built.data.train["chatterbot"][0]
+        assert tokenizer.decode(first.input_ids).startswith("<|user|>")
+    finally:
+        trainer.close()

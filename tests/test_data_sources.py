@@ -170,6 +170,12 @@ def test_malformed_line_names_file_and_line(tmp_path, case):
     assert convs == EXPECTED and stats.malformed == 1
 
 
+def test_a_line_cut_off_in_a_string_says_where_the_string_starts(tmp_path):
+    (tmp_path / "cut.jsonl").write_text('{"messages": "nope')  # the last line of a file cut off mid-write
+    with pytest.raises(ValueError, match=r"cut.jsonl:1: not valid JSON \(Unterminated string starting at column 14\)"):
+        _read("openai", tmp_path / "cut.jsonl")
+
+
 def test_malformed_sharegpt_turn(tmp_path):
     path = _jsonl(tmp_path / "s.jsonl", [_sharegpt(EXPECTED[0]), {"conversations": [{"from": "human"}]}])
     with pytest.raises(ValueError, match="s.jsonl:2: turn 0 needs 'from' and 'value'"):
@@ -290,10 +296,17 @@ def test_prepare_data_errors(tmp_path, tokenizer):
     with pytest.raises(ValueError, match="data.sources.s.path: format sharegpt needs a local path"):
         DataConfig(sources={"s": DataSourceConfig(format="sharegpt")})
     bad = _jsonl(tmp_path / "bad.jsonl", [{"messages": "nope"}])
-    with pytest.raises(ValueError, match="bad.jsonl:1"):
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: .*\n\(data.on_error=skip skips malformed records and counts them\)$"):
         prepare_data(DataConfig(sources={"o": DataSourceConfig(format="openai", path=str(bad))}), tokenizer, 0)
-    with pytest.raises(ValueError, match="data.sources.o: no training samples"):
+    with pytest.raises(ValueError) as err:
         prepare_data(DataConfig(sources={"o": DataSourceConfig(format="openai", path=str(bad))}, on_error="skip"), tokenizer, 0)
+    assert str(err.value) == (
+        f"data.sources.o ({bad}): no training sample left of 0 conversations read "
+        "(0 on the training side after the held-out split; 1 malformed records skipped)"
+    )
+    (tmp_path / "none.json").write_text("[]")
+    with pytest.raises(ValueError, match=r"^data.sources.o \(.*none.json\): holds no conversation: nothing to train on$"):
+        prepare_data(DataConfig(sources={"o": DataSourceConfig(format="openai", path=str(tmp_path / "none.json"))}), tokenizer, 0)
 
 
 # --------------------------------------------------------------------------- conf/data groups

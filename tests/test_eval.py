@@ -9,6 +9,7 @@ miswired server feeds it the final hidden state, with the same weights.
 
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -37,7 +38,8 @@ from serving.speculative.decode import Generation, speculative_generate, teacher
 from serving.speculative.draft_runner import DraftRunner
 from serving.speculative.target_runner import TargetRunner, greedy_generate
 from serving.verify import verify_export
-from tests.tiny import TINY_DRAFT
+from tests.tiny import TINY_DRAFT, tiny_config
+from trainer.build import eval_prompt_set
 from trainer.ttt import target_labels, ttt_unroll
 
 QUESTIONS = ["What is the capital of France?", "Tell me a joke about computers.", "How do I boil an egg?", "Why is the sky blue?"]
@@ -233,6 +235,17 @@ def test_written_prompts_read_back_equal(tmp_path):
         parse_prompt({"messages": [{"role": "user", "content": "q"}], "follow_ups": [""]}, "x.jsonl:1")
 
 
+def test_the_serving_eval_asks_each_held_out_prompt_once():
+    def conv(q, a):
+        return [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+
+    held = {"a": [conv("hi", "hello"), conv("hi", "hey"), conv("bye", "ciao")], "b": [conv("bye", "see you"), conv("how?", "so")]}
+    data = SimpleNamespace(mix=SimpleNamespace(names=("a", "b")), eval_conversations=held, heldout_rule="hash")
+    prompts, origin = eval_prompt_set(tiny_config("trainer.eval_prompts=3"), data)
+    assert [p.context[0]["content"] for p in prompts] == ["hi", "bye", "how?"]
+    assert origin["sources"] == {"a": 2, "b": 1} and origin["prompts"] == 3
+
+
 def test_later_turns_see_the_generated_answers():
     seen = []
 
@@ -293,6 +306,9 @@ def test_export_verify_eval_for_the_training_loop(target, fitted_draft, tmp_path
     assert [f"eval/accept_rate_{i}" in metrics for i in range(K)] == [True] * K
     assert sorted(p.name for p in (tmp_path / "export").iterdir()) == ["sglang", "vllm"]
     assert metrics["verify"]["vllm"].startswith("OK")
+    exported = tmp_path / "export" / "sglang"
+    assert read_export_config(exported).eval_max_new_tokens == 16  # serving.eval's defaults are the run's: the same tau
+    assert evaluate_export(exported, engine.model, tokenizer, prompts).accept_len == metrics["eval/accept_len"]
     with pytest.raises(ValueError, match="2 aux layer ids"):  # a draft the engines cannot serve never gets evaluated
         other_ids = HFTargetEngine(engine.model, aux_layer_ids=[1, 14])  # the same model, two aux layers
         export_verify_eval(draft, vocab, other_ids.info, other_ids.model, tokenizer, prompts, tmp_path / "bad", norm_output=False)

@@ -18,6 +18,7 @@ def test_peak_is_the_config_value_else_the_h200_on_cuda_else_none():
     assert device_peak_tflops(2.5, "cpu") == 2.5
 
 
+@pytest.mark.slow
 def test_trainer_logs_mfu_and_stall_per_step_from_the_benchmark_count(tmp_path):
     trainer = Trainer(tiny_config("trainer.max_steps=3", "trainer.peak_tflops=0.001"), tmp_path)
     trainer.metrics.sink = M.MetricsSink(trainer.cfg.wandb, tmp_path, {})

@@ -2,14 +2,18 @@
 and the end-of-run summary table."""
 
 import json
+import re
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from matplotlib.figure import Figure
 from PIL import Image
 
 from trainer.report import metrics as M
+from trainer.report.panels import PanelSpec, sections
+from trainer.report.plots import draw_panel, plot_section
 from trainer.report.report import _verify_section, format_summary, main, write_report
 from trainer.report.runlog import find_wandb_files, read_metrics_jsonl, read_run, read_wandb_file
 
@@ -192,6 +196,8 @@ def test_format_summary_lists_figures_and_paths():
     ):
         assert fragment in text, fragment
     assert "n/a (resumed)" in format_summary(SUMMARY | {"untrained_eval_sim_accept_len": None})
+    assert re.search(r"\nstopped by +trainer\.max_time_s\n", format_summary(SUMMARY | {"stopped_by": "trainer.max_time_s"}))
+    assert re.search(r"\ntrainer ranks +2\n", format_summary(SUMMARY | {"ranks": 2}))
     served = SUMMARY["eval"] | {"eval/accept_len": 2.5, "eval/accept_len_se": 0.125}
     assert "τ (bonus incl.)  2.500 ± 0.125" in format_summary(SUMMARY | {"eval": served})
     piped = format_summary(
@@ -201,3 +207,32 @@ def test_format_summary_lists_figures_and_paths():
     assert "export (vllm)" in piped and "/runs/a/export_vllm" in piped and "PASS (sglang: OK, vllm: OK)" in piped
     with pytest.raises(ValueError, match="missing export_dir"):
         format_summary({k: v for k, v in SUMMARY.items() if k != "export_dir"})
+
+
+def test_panels_say_what_they_show(run_dir):
+    log = read_run(run_dir)
+    evaluation, data = {s.key: s for s in sections(K, 2, ["chatterbot"])}["evaluation"], log.data()
+    panels = {p.title: p for p in evaluation.panels}
+
+    def drawn(title):
+        ax = Figure().subplots()
+        names = [m for m in panels[title].metrics if m in log.history]
+        draw_panel(ax, panels[title], names, log, data)
+        return ax
+
+    tau = drawn("Acceptance length τ (real spec. decoding)")  # one evaluation: a bar with its value, not a dot
+    assert len(tau.patches) == 1 and "one evaluation, step 10" in tau.get_xlabel() and tau.texts[0].get_text() == "2.5"
+    problems = drawn("Export verification problems")
+    assert problems.get_xlim()[1] == pytest.approx(1.25)  # a bar of 0 on a 0..1 axis
+    rows = [{"step": s, M.NONFINITE: 0.0} for s in (1, 2, 3)]
+    (run_dir / M.METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    log, ax = read_run(run_dir), Figure().subplots()
+    draw_panel(ax, PanelSpec("Non-finite steps skipped", (M.NONFINITE,), "count"), [M.NONFINITE], log, data)
+    assert ax.get_ylim() == (-0.1, 1)  # a count of nothing: not a -0.04..0.04 axis
+    bars, ax = {s.key: s for s in sections(K, 2, ["chatterbot"])}["data"], Figure().subplots()
+    counts = bars.panels[0]
+    draw_panel(ax, counts, [m for m in counts.metrics if m in data], log, data)
+    assert [t.get_text() for t in ax.get_yticklabels()][:2] == ["conversations kept (train + held out)", "training samples"]
+    (run_dir / "summary.json").write_text(json.dumps(SUMMARY | {"data": SUMMARY["data"] | {"mix": {"chatterbot": 1.0}}}))
+    plot = plot_section(bars, read_run(run_dir), run_dir / "report", "run")
+    assert M.mix_share("chatterbot") not in plot.drawn + plot.missing  # one source: its share of 1 is not drawn

@@ -444,6 +444,7 @@ def _group_port_rank(rank: int, world: int, init: str, out: str) -> None:
         torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_each_tp_group_meets_on_the_port_its_first_rank_found_free(tmp_path):
     """Two runs on one machine must not meet on one fixed port: each group of 2 of 4 ranks shares
     the port its first rank found free."""

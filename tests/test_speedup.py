@@ -235,7 +235,12 @@ def test_the_trainer_summary_shows_the_measured_speedup(tmp_path, monkeypatch):
 
     monkeypatch.setattr(speedup_phase, "speedup_main", measured)
     cfg = tiny_config("trainer.speedup.enabled=true", "trainer.speedup.settings=[6/1/7,5/4/8]", "trainer.eval_prompts_file=p.jsonl")
-    entry = speedup_phase.measure_speedup(cfg, tmp_path / "export" / "sglang", tmp_path / "target", tmp_path)["speedup"]
+    export = tmp_path / "export" / "sglang"
+    export.mkdir(parents=True)
+    (export / "README.md").write_text("# card\n")
+    entry = speedup_phase.measure_speedup(cfg, export, tmp_path / "target", tmp_path)["speedup"]
+    card = (export / "README.md").read_text()
+    assert card.startswith("# card\n") and "- concurrency 1: 5/4/8 (steps/topk/draft tokens), 2.25x the target alone" in card
     assert entry["exit_code"] == 1 and entry["failed"] == ["8/8/64"]
     figures = dict(speedup_figures(entry))
     assert figures["speedup in SGLang, concurrency 1"] == "2.25x the target alone (tree: 5 steps, top-4, 8 tokens: 5/4/8)"

@@ -26,7 +26,7 @@ from models.engines import PathTarget
 from tests.tiny import TINY_DRAFT
 from tests.toy_target import VOCAB, ToyTarget, make_batches
 from trainer.data import EncodedSample, PackedBatcher
-from trainer.stream.engine_process import EngineError
+from trainer.stream.engine_process import EngineError, EngineStats, PackedTokens, Submit, _EngineLoop
 from trainer.stream.feature_ring import RingSpec, allocate_ring
 from trainer.stream.feature_stream import ColocatedStream, InProcessStream, TargetSource, open_feature_stream
 
@@ -290,6 +290,23 @@ def test_close_after_the_engine_made_every_batch_leaves_no_message_behind(hf_sou
         assert process.stats().batches - start == 2
     with open_feature_stream(COLOCATED, hf_source, make_batches(1), "cpu") as stream:
         assert_same(next(stream), reference[0])
+
+
+def test_the_engine_counts_a_batch_before_it_announces_it():
+    """A trainer holding a Ready reads stats that count its batch: the count the test above starts from."""
+    engine = ToyTarget().build(torch.device("cpu"))
+    seen = []
+
+    class Outbox:
+        def put(self, msg):
+            seen.append((type(msg).__name__, EngineStats.read(stats).batches))
+
+    stats = EngineStats.shared_tensor()
+    loop = _EngineLoop(engine, None, Outbox(), stats, torch.device("cpu"), os.getpid())
+    loop.ring = allocate_ring(RingSpec(slots=2, tokens=64, aux_width=3 * 8, hidden=8, dtype=torch.float32), "cpu")
+    for seq, tokens in enumerate(make_batches(2)):
+        loop._produce(Submit(0, seq, PackedTokens.of(tokens)), seq)
+    assert seen == [("Ready", 1.0), ("Ready", 2.0)]
 
 
 def test_oversized_batch_is_refused_in_the_trainer(hf_source, reference):

@@ -2,7 +2,9 @@
 two-point grid with a step cap, both points at once (real embedded target, tiny config)."""
 
 import json
+import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -50,10 +52,12 @@ def test_config_checks(make, key):
 
 
 @pytest.mark.slow
-def test_time_cap_stops_training_and_the_summary_names_the_eval_prompts(tmp_path):
+def test_time_cap_stops_training_and_the_summary_names_the_eval_prompts(tmp_path, caplog):
     cfg = tiny_config("trainer.max_time_s=0.001", f"data.holdout_categories=[{','.join(CATS)}]")
-    summary = run(cfg, tmp_path)
+    with caplog.at_level(logging.INFO, logger="trainer"):
+        summary = run(cfg, tmp_path)
     assert summary["steps"] == 1 and summary["stopped_by"] == "trainer.max_time_s"
+    assert re.search(r"training stopped by trainer\.max_time_s=0\.001: [\d.]+ s trained, step 1 of 3", caplog.text), caplog.text
     assert summary["tokens_seen"] > 0 and 0 < summary["train_time_s"] < summary["wall_time_s"]
     origin = summary["eval_prompts"]
     assert origin["kind"] == "heldout" and origin["sources"] == {"chatterbot": 2} and origin["prompts"] == 2

@@ -16,3 +16,16 @@ RUFF = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.whi
 def test_ruff(args):
     done = subprocess.run([RUFF, *args], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+OUTSIDE = ("../" + "shared/", "shared/" + "ENVIRONMENT.md")  # the steering repo's files: users do not have them
+SKIP_DIRS = {".git", ".venv", ".cache", "outputs", "__pycache__"}
+
+
+def test_no_project_file_points_outside_the_repository():
+    found = []
+    for path in ROOT.rglob("*"):
+        if path.is_file() and not SKIP_DIRS & set(path.relative_to(ROOT).parts) and path.suffix in (".py", ".md", ".sh", ".yaml", ".cfg"):
+            text = path.read_text(encoding="utf-8", errors="replace")
+            found += [f"{path.relative_to(ROOT)}: {ref}" for ref in OUTSIDE if ref in text]
+    assert not found, "\n".join(found)

@@ -12,6 +12,7 @@ import torch
 
 from models.target import HFTargetEngine
 from serving.export import load_export
+from serving.verify import verify_export
 from tests.tiny import ROOT, tiny_config
 from trainer.loop import run
 
@@ -37,6 +38,20 @@ def test_grok_recipe_runs_with_a_step_cap_and_exports(tmp_path):
     rates = [ev[f"eval/accept_rate_{i}"] for i in range(sum(k.startswith("eval/accept_rate_") for k in ev))]
     assert ev["eval/accept_len"] == pytest.approx(1 + sum(rates)) and ev["eval/verify_problems"] == 0
     assert ev["eval/spec_cycles"] > 0 and all(a >= b for a, b in zip(rates, rates[1:]))
+    # the model card beside each export: what it is for, what it was trained on, what was measured, how to serve it
+    card = (tmp_path / "export" / "sglang" / "README.md").read_text()
+    for fragment in (
+        "# EAGLE-3 draft for smollm2-135m-instruct",
+        "aux layer ids: [1, 14, 26] (output of decoder layer k)",
+        "- chatterbot (chatterbot, the packaged corpus): ",
+        "schedule constant, lr 0.001",
+        f"**{ev['eval/accept_len']:.3f} ± {ev['eval/accept_len_se']:.3f}** on 2 held-out prompts",
+        "k = 5, up to 8 new tokens a turn",
+        f"--prompts {tmp_path / 'eval_prompts.jsonl'}",
+        f"python -m serving.launch --engine sglang --target {target.info.source} --draft {tmp_path / 'export' / 'sglang'}",
+    ):
+        assert fragment in card, fragment
+    assert "python -m serving.launch --engine vllm" in (tmp_path / "export" / "vllm" / "README.md").read_text()
 
 
 @pytest.mark.slow
@@ -67,3 +82,6 @@ def test_serve_eval_off_exports_and_verifies_without_decoding_and_says_so(tmp_pa
     assert summary["verify"]["sglang"].startswith("OK") and (tmp_path / "export" / "sglang" / "config.json").exists()
     err = capsys.readouterr().err
     assert "verify both, no serving eval (trainer.serve_eval=false)" in err and "speculatively" not in err
+    card = (tmp_path / "export" / "sglang" / "README.md").read_text()  # a card beside the files engines read
+    assert "- τ: not measured (off (trainer.serve_eval=false)" in card and "1 optimizer steps of 1 (" in card
+    assert verify_export(tmp_path / "export" / "sglang", "sglang").ok and verify_export(tmp_path / "export" / "vllm", "vllm").ok

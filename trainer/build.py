@@ -13,12 +13,14 @@ from models.batch import TokenBatch
 from models.draft import DraftShape, Eagle3Draft, Pointwise, draft_shape_for
 from models.target import TargetInfo
 from models.vocab_map import VocabMap, build_vocab_map, count_tokens
-from serving.prompts import PromptSpec, prompts_from_conversations, read_prompt_file
+from serving.prompts import PromptSpec, distinct, prompts_from_conversations, read_prompt_file
 from trainer import checkpoint as ckpt
 from trainer.config import Config
-from trainer.data import EncodedSample, MixLoader, token_batches
+from trainer.data import EncodedSample, MixLoader, read_chat_template, token_batches
 from trainer.dist import Parallel
+from trainer.draft_init import InitialDraft, initial_draft
 from trainer.flops import device_peak_tflops
+from trainer.preflight import resume_path
 from trainer.schedule import RunClock, draft_optimizer, lr_factor
 from trainer.sources import PreparedData, TargetBundle, load_target, prepare_data, target_recipe, train_batcher
 from trainer.stream.feature_stream import TargetSource
@@ -87,14 +89,19 @@ def build(cfg: Config, par: Parallel, ckpt_root: Path) -> Built:
     dtype = _dtype(cfg.target.dtype, par.device)
     target = load_target(cfg.target, cfg.engine.mode, par.device, dtype)
     head, ids = target.head, tuple(target.head.info.aux_layer_ids)
-    shape = draft_shape_for(head.config, len(ids), cfg.draft.vocab_size, cfg.draft.intermediate_size)
+    if cfg.data.chat_template is not None:  # the data and the serving eval render with it
+        head.tokenizer.chat_template = read_chat_template(cfg.data.chat_template)
+    configured = draft_shape_for(head.config, len(ids), cfg.draft.vocab_size, cfg.draft.intermediate_size)
+    init = initial_draft(cfg.draft, head, configured)  # draft.init_from, checked against this target and config
+    shape = init.shape if init else configured
     identity = RunIdentity(cfg, head.info, shape, ckpt.tensor_digest(head.embed_weight), dtype, par.world)
     source = TargetSource(target_recipe(cfg, ids, dtype, par), engine=target.engine, info=head.info)
     data = prepare_data(cfg.data, head.tokenizer, cfg.trainer.seed, cfg.trainer.eval_prompts_file)
     loader = data.train_loader(train_batcher(cfg.data, target.pad_id), par.rank, par.world)
     prompts, prompt_origin = eval_prompt_set(cfg, data)
-    resume_from = resume_path(cfg, ckpt_root)
-    built = vocab_map(loader.epoch_samples(0), head.info.vocab_size, cfg.draft.vocab_size)  # an epoch of the mix: counts follow its weights
+    resume_from = resume_path(cfg.trainer.resume, ckpt_root)
+    # the map trained with: draft.init_from's, else from an epoch of the mix (counts follow its weights)
+    built = init.vocab if init else vocab_map(loader.epoch_samples(0), head.info.vocab_size, cfg.draft.vocab_size)
     if resume_from:
         check_resume(cfg, resume_from, identity.fingerprint(built))  # before anything is built to the checkpoint's shapes
     vocab = VocabMap.load(resume_from / ckpt.VOCAB_FILE) if resume_from else built
@@ -114,7 +121,7 @@ def build(cfg: Config, par: Parallel, ckpt_root: Path) -> Built:
         labeler=labeler,
         total_steps=total,
         clock=clock,
-        ds_model=deepspeed_model(cfg, target, shape, vocab, total, clock, dtype, par.device),
+        ds_model=deepspeed_model(cfg, target, shape, vocab, total, clock, dtype, par.device, init),
         peak_tflops=device_peak_tflops(cfg.trainer.peak_tflops, par.device.type),
     )
 
@@ -176,13 +183,18 @@ def deepspeed_model(
     clock: RunClock,
     dtype: torch.dtype,
     device: torch.device,
+    init: InitialDraft | None = None,
 ):
-    """The draft, initialised from the target's embedding and lm_head, in its TTT objective under DeepSpeed."""
+    """The draft, initialised from ``init`` (draft.init_from) or else from the target's embedding and
+    lm_head, in its TTT objective under DeepSpeed."""
     import deepspeed
 
     head = target.head
     draft = Eagle3Draft(shape, pointwise_for(cfg, device))
-    draft.init_from_target(head.embed_weight.float().cpu(), head.lm_head_weight.float().cpu(), vocab.draft_to_target)
+    if init:
+        draft.load_state_dict(init.draft.state_dict())
+    else:
+        draft.init_from_target(head.embed_weight.float().cpu(), head.lm_head_weight.float().cpu(), vocab.draft_to_target)
     objective = TTTObjective(draft, cfg.draft.ttt_steps, cfg.draft.step_decay, cfg.draft.norm_output)
     params = [p for p in objective.parameters() if p.requires_grad]
     s = cfg.schedule
@@ -191,20 +203,6 @@ def deepspeed_model(
     config = deepspeed_config(cfg, dtype == torch.bfloat16)
     engine, *_ = deepspeed.initialize(model=objective, optimizer=opt, lr_scheduler=sched, config=config)
     return engine
-
-
-def resume_path(cfg: Config, ckpt_root: Path) -> Path | None:
-    """The checkpoint ``trainer.resume`` names: auto (this run dir's latest), a checkpoint, or a run dir."""
-    resume = cfg.trainer.resume
-    if resume is None:
-        return None
-    if resume == "auto":
-        return ckpt.latest(ckpt_root)
-    path = Path(resume)
-    found = path if ckpt.is_complete(path) else ckpt.latest(path / "checkpoints")
-    if found is None:
-        raise ValueError(f"config trainer.resume: {path} is neither a checkpoint nor a run dir with checkpoints")
-    return found
 
 
 def check_resume(cfg: Config, path: Path, now: dict) -> None:
@@ -222,8 +220,9 @@ def check_resume(cfg: Config, path: Path, now: dict) -> None:
 
 def eval_prompt_set(cfg: Config, data: PreparedData) -> tuple[list[PromptSpec], dict]:
     """The serving-eval prompts and where they come from (the run summary's ``eval_prompts``):
-    ``trainer.eval_prompts_file``, or the first ``trainer.eval_prompts`` held-out conversations
-    of the sources in mix order, with the held-out rule and how many each source gave."""
+    ``trainer.eval_prompts_file``, or the first ``trainer.eval_prompts`` distinct prompts of the
+    held-out conversations of the sources in mix order (conversations that open alike ask one
+    prompt), with the held-out rule and how many each source gave."""
     n = cfg.trainer.eval_prompts
     if cfg.trainer.eval_prompts_file is not None:
         prompts = read_prompt_file(cfg.trainer.eval_prompts_file, limit=n)
@@ -232,7 +231,7 @@ def eval_prompt_set(cfg: Config, data: PreparedData) -> tuple[list[PromptSpec], 
         prompts, taken = [], {}
         for name in data.mix.names:
             if len(prompts) < n:
-                got = prompts_from_conversations(data.eval_conversations[name], limit=n - len(prompts))
+                got = distinct(prompts + prompts_from_conversations(data.eval_conversations[name]))[len(prompts) : n]
                 prompts, taken[name] = prompts + got, len(got)
         origin = {"kind": "heldout", "split": data.heldout_rule, "sources": taken}
     return prompts, origin | {"prompts": len(prompts), "turns": sum(p.turns for p in prompts)}

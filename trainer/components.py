@@ -29,6 +29,7 @@ from trainer.config import Config
 from trainer.dist import Parallel
 from trainer.flops import flops_per_token, mfu
 from trainer.report import metrics as M
+from trainer.report.card import write_cards
 from trainer.schedule import RunClock
 from trainer.sources import with_eval_target
 from trainer.ttt import TTTOutput, simulated_accept_length
@@ -38,6 +39,7 @@ END_EVAL, SERVING_EVAL, REPORT = "end-of-run held-out eval", "end-of-run export,
 SPEEDUP = "speedup measurement (trainer.speedup)"
 PHASES = (STARTUP, UNTRAINED_EVAL, TRAINING, END_EVAL, SERVING_EVAL, SPEEDUP, REPORT)
 PERIODIC_EVAL = "serving eval between training steps (trainer.export_every)"  # a stop cuts it and the training short
+EVAL_PROMPTS_FILE = "eval_prompts.jsonl"  # the run dir's serving-eval prompts, a serving/prompts.py file
 
 
 def all_reduce_scalar(value: float, device: torch.device, op: torch.distributed.ReduceOp) -> float:
@@ -402,6 +404,7 @@ class Validator:
                     )
 
                 result[0] = with_eval_target(b.target, cfg.trainer, self.par.device, b.dtype, run)
+                write_cards(result[0], cfg, b, self.metrics.state.step, self.run_dir / EVAL_PROMPTS_FILE)
         torch.distributed.broadcast_object_list(result, src=0)
         return result[0]
 

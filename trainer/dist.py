@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from trainer import console
+
 
 @dataclass(frozen=True)
 class Parallel:
@@ -80,7 +82,8 @@ def init_parallel(device: str) -> Parallel:
 
     if not torch.distributed.is_initialized():
         announce_op_build()
-        deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo", verbose=False)
+        with console.without_notices():  # DeepSpeed's "... built successfully" on every CPU start
+            deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo", verbose=False)
     local_rank = int(os.environ["LOCAL_RANK"])
     if device == "cuda":
         torch.cuda.set_device(local_rank)

@@ -19,6 +19,7 @@ from trainer import checkpoint as ckpt
 from trainer.build import build, eval_batches
 from trainer.components import (
     END_EVAL,
+    EVAL_PROMPTS_FILE,
     REPORT,
     SERVING_EVAL,
     SPEEDUP,
@@ -39,13 +40,13 @@ from trainer.components import (
 )
 from trainer.config import Config
 from trainer.dist import Parallel, init_parallel, resolve_device, shared_run_dir, synchronize
+from trainer.preflight import check_inputs
 from trainer.report.report import REPORT_DIR, REPORT_FILE, format_summary, run_summary, write_report
 from trainer.speedup_phase import check_speedup, measure_speedup
 from trainer.stream.feature_stream import open_feature_stream
 from trainer.ttt import TTTOutput, draft_step
 
 CHECKPOINTS = "checkpoints"  # the run dir's checkpoint folder
-EVAL_PROMPTS_FILE = "eval_prompts.jsonl"  # the run dir's serving-eval prompts, a serving/prompts.py file
 log = logging.getLogger(__name__)
 
 
@@ -127,14 +128,17 @@ class Trainer:
         try:
             for epoch in range(self.state.pos.epoch, self.cfg.trainer.epochs):
                 if not self._epoch(epoch, bar):
+                    self.checkpointer.save()  # a cap ended the run inside an epoch
                     break
                 self.state.pos = ckpt.Position(self.state.step, epoch + 1, 0, self.state.train_s)
                 self.checkpointer.save()
-            else:
-                return
-            self.checkpointer.save()  # the step cap ended the run inside an epoch
         finally:
             bar.close()
+        if self.state.out_of_time and self.par.is_main:
+            log.info(
+                f"training stopped by trainer.max_time_s={self.cfg.trainer.max_time_s:g}: {self.built.clock.spent_s:.1f} s trained, "
+                f"step {self.state.step} of {self.built.total_steps}"
+            )
 
     def fit(self) -> dict:
         """Evaluate the untrained draft, train, export, evaluate again; returns the summary."""
@@ -174,6 +178,7 @@ def run(cfg: Config, run_dir: Path) -> dict:
     signals.install()  # from the start: DeepSpeed's first init may build an op for a minute
     run_dir, is_main = run_dir / cfg.trainer.output_dir, os.environ.get("RANK", "0") == "0"
     try:
+        check_inputs(cfg, run_dir / CHECKPOINTS)  # before DeepSpeed and the target start: a wrong path is an error in a second
         check_speedup(cfg)
         par = init_parallel(resolve_device(cfg.trainer.device))
         run_dir, is_main = shared_run_dir(run_dir), par.is_main

@@ -22,6 +22,7 @@ from trainer.data import (
     Conversation,
     DatasetStats,
     EncodedSample,
+    MalformedRecord,
     MaskPolicy,
     Mix,
     MixLoader,
@@ -195,8 +196,31 @@ def train_batcher(cfg: DataConfig, pad_id: int) -> Batcher:
 
 
 def _read(name: str, src: DataSourceConfig, on_error: str):
-    return read_source(
-        src.format, src.path, languages=tuple(src.languages), split=src.split, on_error=on_error, name=f"data.sources.{name}"
+    """One source's conversations; a malformed record (``data.on_error=raise``) names its place and the fix."""
+    try:
+        return read_source(
+            src.format, src.path, languages=tuple(src.languages), split=src.split, on_error=on_error, name=f"data.sources.{name}"
+        )
+    except MalformedRecord as e:
+        raise MalformedRecord(f"{e}\n(data.on_error=skip skips malformed records and counts them)") from e
+
+
+def no_samples_error(name: str, src: DataSourceConfig, stats: DatasetStats, train_conversations: int) -> ValueError:
+    """Why a source gave no training sample, in words: what it read, and what was skipped or dropped."""
+    where = f"data.sources.{name}" + (f" ({src.path})" if src.path is not None else "")
+    if stats.conversations == 0 and stats.malformed == 0 and stats.no_assistant == 0 and stats.duplicates == 0:
+        return ValueError(f"{where}: holds no conversation: nothing to train on")
+    dropped = {
+        "malformed records skipped": stats.malformed,
+        "conversations without an assistant turn": stats.no_assistant,
+        "exact duplicates": stats.duplicates,
+        "samples over data.max_len dropped (data.overlong=drop)": stats.overlong_dropped,
+        "samples with no token under the loss mask": stats.no_masked_token,
+    }
+    why = ", ".join(f"{n} {what}" for what, n in dropped.items() if n)
+    return ValueError(
+        f"{where}: no training sample left of {stats.conversations} conversations read "
+        f"({train_conversations} on the training side after the held-out split{'; ' + why if why else ''})"
     )
 
 
@@ -292,7 +316,7 @@ def prepare_data(cfg: DataConfig, tokenizer, seed: int, eval_prompts_file: str |
         held[name], _ = encode_conversations(tokenizer, held_convs, cfg.max_len, overlong=cfg.overlong, policy=policy)
         held_convs_by_source[name] = held_convs
         if not train[name]:
-            raise ValueError(f"data.sources.{name}: no training samples left ({stats[name].as_dict()})")
+            raise no_samples_error(name, src, stats[name], len(train_convs))
     check_split_sizes(cfg, holdout, train, held)
     weights = dict(cfg.mix) if cfg.mix is not None else None
     mix = Mix({n: len(train[n]) for n in names}, weights, seed, cfg.epoch_samples)

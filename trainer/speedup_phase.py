@@ -16,6 +16,7 @@ import torch
 
 from serving.speedup import main as speedup_main
 from trainer.config import Config
+from trainer.report.card import CARD_FILE
 
 RESULTS_FILE = "speedup.json"
 
@@ -58,4 +59,17 @@ def measure_speedup(cfg: Config, export_dir: Path, target_dir: Path, run_dir: Pa
     argv += ["--settings", *sc.settings, "--concurrency", *map(str, sc.concurrency), "--max-new-tokens", str(sc.max_new_tokens)]
     code = speedup_main(argv)
     data = json.loads(results.read_text()) if results.is_file() else {}
-    return {"speedup": {"results": str(results), "exit_code": code, "best": data.get("best", {}), "failed": sorted(data.get("failed", {}))}}
+    best = data.get("best", {})
+    card = export_dir / CARD_FILE
+    if best and card.is_file():  # the export's model card gains what was measured
+        with card.open("a", encoding="utf-8") as f:
+            f.write("\n".join(speedup_card(best, results)) + "\n")
+    return {"speedup": {"results": str(results), "exit_code": code, "best": best, "failed": sorted(data.get("failed", {}))}}
+
+
+def speedup_card(best: dict, results: Path) -> list[str]:
+    """The model card's lines for the measured best setting per concurrency."""
+    lines = ["", "## Speedup in SGLang (serving.speedup)", ""]
+    for c, b in best.items():
+        lines.append(f"- concurrency {c}: {b['setting']} (steps/topk/draft tokens), {b['speedup']:.2f}x the target alone")
+    return lines + [f"- every setting measured: `{results}`; `serving.launch --draft` uses the best (`serving.json`)"]

@@ -32,6 +32,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+from serving.usage import PlainHelp
 from trainer.config import DataConfig, DataSourceConfig
 from trainer.data import FORMATS, read_chatterbot, read_source
 from trainer.datagen.gen_backend import GenerationSettings
@@ -65,7 +66,7 @@ def source_side(args: argparse.Namespace) -> tuple[tuple[Example, ...], list[tup
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m trainer.synthesize", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m trainer.synthesize", description=__doc__.split("\n\n")[0], formatter_class=PlainHelp)
     p.add_argument("--output", required=True, type=Path, help="prompt jsonl to write (appended to; done jobs skipped)")
     p.add_argument("--n-prompts", required=True, type=int, help="prompts to keep")
     p.add_argument(

@@ -36,6 +36,7 @@ from trainer.data.chat import (
     encode_conversations,
     encode_full,
     fit_length,
+    read_chat_template,
     thinking_spans,
 )
 from trainer.data.conversation import ROLES, Conversation, MalformedRecord, UnknownRole, parse_messages, parse_sharegpt
@@ -90,6 +91,7 @@ __all__ = [
     "chatterbot_conversations",
     "chatterbot_languages",
     "chatterbot_turns",
+    "read_chat_template",
     "read_chatterbot",
     "read_source",
     "first_prompt_key",

@@ -1,6 +1,7 @@
 """Conversation -> the target's chat template -> tokens + assistant-only loss mask.
 
-The conversation is rendered with the tokenizer's own template (``apply_chat_template``).
+The conversation is rendered with the tokenizer's own template (``apply_chat_template``), or the
+one ``data.chat_template`` names (``read_chat_template``) for a target whose tokenizer has none or the wrong one.
 An assistant turn is located by rendering prefixes: for assistant message i, the text of
 ``messages[:i]`` with the generation prompt must be a prefix of the text of
 ``messages[:i+1]``, and that a prefix of the whole conversation; the difference is the turn
@@ -20,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -56,6 +58,22 @@ class EncodedSample:
         assert len(self.input_ids) == len(self.loss_mask), "input_ids and loss_mask differ in length"
 
 
+def read_chat_template(path: str | Path) -> str:
+    """The Jinja chat template in file ``path`` (``data.chat_template``); ValueError naming the file (and line) when
+    it is missing or does not parse."""
+    import jinja2  # transformers renders chat templates with it
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ValueError(f"config data.chat_template: {path} is not a file (a Jinja chat template)")
+    text = file.read_text(encoding="utf-8")
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"config data.chat_template: {file}:{e.lineno}: not a Jinja template ({e.message})") from None
+    return text
+
+
 def _render(tokenizer, messages: Conversation, generation_prompt: bool) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
 
@@ -65,7 +83,7 @@ def assistant_spans(tokenizer, conv: Conversation, last_turn_only: bool = False)
     (all of them, or the last with ``last_turn_only``). Messages after the last trainable
     assistant turn carry no loss and are not rendered."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"tokenizer {type(tokenizer).__name__} has no chat template; set tokenizer.chat_template")
+        raise ValueError(f"the target's tokenizer ({type(tokenizer).__name__}) has no chat template: set data.chat_template=FILE (Jinja)")
     check_conversation(conv)
     turns = [i for i, m in enumerate(conv) if trainable(m)]
     last = turns[-1]

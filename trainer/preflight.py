@@ -1,0 +1,111 @@
+"""A run's inputs checked before anything heavy starts (DeepSpeed, the target's weights): every
+path the config names exists and is what its key says, so a typo costs a second, not a start-up.
+
+``check_inputs`` raises ``ValueError`` naming the key and the path; it reads no more than the
+target's and the initial draft's ``config.json`` and the first bytes of each data file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from models.target_config import read_text_config
+from serving.formats import CONFIG_FILE, WEIGHTS_FILE, read_config_file
+from trainer import checkpoint as ckpt
+from trainer.config import Config, DataConfig
+from trainer.data.chat import read_chat_template
+from trainer.data.files import data_files, local_path
+from trainer.data.sources import CORPUS_FORMATS
+
+
+def check_inputs(cfg: Config, ckpt_root: Path) -> None:
+    """Every input path of ``cfg`` (``ckpt_root``: this run dir's checkpoints, for ``trainer.resume=auto``)."""
+    check_target_path(cfg.target.path)
+    check_draft_path(cfg.draft.init_from)
+    check_data_paths(cfg.data)
+    if cfg.data.chat_template is not None:
+        read_chat_template(cfg.data.chat_template)
+    check_prompt_file("trainer.eval_prompts_file", cfg.trainer.eval_prompts_file)
+    for path in cfg.data.heldout_prompt_files:
+        check_prompt_file("data.heldout_prompt_files", path)
+    resume_path(cfg.trainer.resume, ckpt_root)
+
+
+def check_target_path(path: str | None) -> None:
+    """``target.path``: a transformers dir whose ``config.json`` reads, or a ``.gguf`` file (None: the embedded default)."""
+    if path is None:
+        return
+    resolved = Path(path).expanduser()
+    if not resolved.exists():
+        raise ValueError(f"config target.path: {path} does not exist")
+    if resolved.is_file():
+        if resolved.suffix != ".gguf":
+            raise ValueError(f"config target.path: {path} is a file but not a .gguf; pass a transformers model dir or a .gguf file")
+        return
+    try:
+        read_text_config(resolved)
+    except ValueError as e:
+        raise ValueError(f"config target.path: {e}") from None
+
+
+def check_draft_path(path: str | None) -> None:
+    """``draft.init_from``: a draft dir with a ``config.json`` that reads and its ``model.safetensors``."""
+    if path is None:
+        return
+    resolved = Path(path).expanduser()
+    if not resolved.is_dir():
+        raise ValueError(f"config draft.init_from: {path} is not a directory (an EAGLE-3 draft: config.json + {WEIGHTS_FILE})")
+    try:
+        read_config_file(resolved / CONFIG_FILE)
+    except ValueError as e:
+        raise ValueError(f"config draft.init_from: {e}") from None
+    if not (resolved / WEIGHTS_FILE).is_file():
+        raise ValueError(f"config draft.init_from: {path} has no {WEIGHTS_FILE}")
+
+
+def check_data_paths(cfg: DataConfig) -> None:
+    """The path of every source the mix reads exists and holds data: no empty file."""
+    names = list(cfg.mix) if cfg.mix is not None else list(cfg.sources)
+    for name in names:
+        src, key = cfg.sources[name], f"config data.sources.{name}.path"
+        if src.path is None:
+            continue
+        resolved = local_path(src.path, key)
+        if src.format == "hf_disk" or src.format in CORPUS_FORMATS:  # a datasets dir, a wheel: their readers check them
+            continue
+        try:
+            files = data_files(resolved)
+        except ValueError as e:
+            raise ValueError(f"{key}: {e}") from None
+        for file in files:
+            if is_blank(file):
+                raise ValueError(f"{key}: {file} is empty (no record); fill it or drop data.sources.{name} from the mix")
+
+
+def is_blank(file: Path, probe: int = 1 << 16) -> bool:
+    """True when ``file`` holds nothing but whitespace (read up to ``probe`` bytes at a time, stops at the first other byte)."""
+    with file.open("rb") as f:
+        while chunk := f.read(probe):
+            if chunk.strip():
+                return False
+    return True
+
+
+def check_prompt_file(key: str, path: str | None) -> None:
+    if path is not None and not Path(path).expanduser().is_file():
+        raise ValueError(f"config {key}: {path} is not a file (a prompt jsonl: serving/prompts.py)")
+
+
+def resume_path(resume: str | None, ckpt_root: Path) -> Path | None:
+    """The checkpoint ``trainer.resume`` names: auto (``ckpt_root``'s latest, None when there is none), a checkpoint, or a run dir."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        return ckpt.latest(ckpt_root)
+    path = Path(resume).expanduser()
+    if not path.exists():
+        raise ValueError(f"config trainer.resume: {resume} does not exist (a checkpoint dir, a run dir with checkpoints/, or auto)")
+    found = path if ckpt.is_complete(path) else ckpt.latest(path / "checkpoints")
+    if found is None:
+        raise ValueError(f"config trainer.resume: {path} is neither a checkpoint nor a run dir with checkpoints")
+    return found
