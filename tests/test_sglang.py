@@ -629,7 +629,9 @@ def test_an_unknown_engine_failure_keeps_its_traceback():
 
 def test_an_engine_out_of_gpu_memory_stops_the_trainer_with_the_setting():
     with pytest.raises(EngineError) as err:
-        TargetSource(OutOfMemoryTarget()).colocated(SimpleNamespace(slots=2, slot_tokens=64, start_timeout_s=120.0), torch.device("cpu"))
+        TargetSource(OutOfMemoryTarget()).colocated(
+            SimpleNamespace(slots=2, slot_tokens=64, start_timeout_s=120.0, wait_timeout_s=120.0), torch.device("cpu")
+        )
     text = str(err.value)
     assert text.startswith("the engine process failed: the engine ran out of GPU memory: lower data.max_tokens")
     assert "torch.OutOfMemoryError: CUDA out of memory" in text and "engine.sglang.mem_fraction_static" in text
