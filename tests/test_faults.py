@@ -1,20 +1,32 @@
 """Faults on purpose, on the CPU: the co-located engine process (the CPU stand-in for SGLang's)
-killed or stopped."""
+killed, stopped or handing over NaN features; the trainer killed; generation killed mid-line; and
+the table of launch/faults.py. docs/RELIABILITY.md records what each shows the user."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 
 import pytest
 
-from tests.tiny import tiny_config
+import launch.faults as F
+from launch.fault_targets import NaNFeatures
+from tests.tiny import ROOT, tiny_config
+from tests.tiny_generator import save_tiny_generator
 from tests.toy_target import ToyTarget, make_batches
+from trainer import build
+from trainer import regenerate as R
 from trainer.config import EngineConfig
+from trainer.loop import Trainer
 from trainer.stream.engine_process import EngineError
 from trainer.stream.feature_stream import TargetSource, open_feature_stream
+
+RUN = ["engine.mode=colocated", "trainer.max_steps=6", "trainer.eval_batches=1", "trainer.serve_eval=false"]
 
 
 @dataclass
@@ -28,18 +40,11 @@ class Settings:
     wait_timeout_s: float = 5.0
 
 
-def state_letter(pid: int) -> str | None:
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
-
-
 def wait_state(pid: int, states: str, timeout_s: float = 30.0) -> None:
     """Until ``pid`` is in one of the kernel states ``states`` (Z: dead, not yet reaped; T: stopped)."""
     deadline = time.monotonic() + timeout_s
-    while state_letter(pid) not in tuple(states):
-        assert time.monotonic() < deadline, f"process {pid} is {state_letter(pid)}, not {states}"
+    while F.proc_state(pid) not in tuple(states):
+        assert time.monotonic() < deadline, f"process {pid} is {F.proc_state(pid)}, not {states}"
         time.sleep(0.05)
 
 
@@ -65,7 +70,7 @@ def test_a_stopped_engine_is_killed_at_the_wait_timeout_naming_the_process_and_t
             "while the trainer waited for the features of batch "
         )
         assert message.endswith("; the kernel said it was stopped by a signal (SIGSTOP, SIGTSTP); the trainer killed it")
-        assert state_letter(pid) in (None, "Z", "X") and not source.process.alive
+        assert not F.alive(pid) and not source.process.alive
 
 
 def test_a_killed_engine_names_itself_and_what_the_trainer_waited_for():
@@ -81,3 +86,117 @@ def test_a_killed_engine_names_itself_and_what_the_trainer_waited_for():
         f"the engine process {pid} (ToyTarget on cpu) was killed by signal 9 (SIGKILL) without reporting an error "
         "(killed? out of memory?); the trainer needed it for the features of batch "
     )
+
+
+# --------------------------------------------------------------------------- a whole run (slow)
+
+
+@pytest.mark.slow
+def test_nan_features_from_the_engine_process_are_skipped_and_counted(monkeypatch, tmp_path):
+    """Engine batch 0 is the held-out eval's; batch 2, the second training batch, comes with NaN aux features."""
+    recipe = build.target_recipe
+    monkeypatch.setattr(build, "target_recipe", lambda *args: NaNFeatures(recipe(*args), batch=2))
+    trainer = Trainer(tiny_config(*RUN, "trainer.max_steps=3", "trainer.on_nan=skip"), tmp_path)
+    try:
+        summary = trainer.fit()
+    finally:
+        trainer.close()
+    assert summary["nonfinite_skipped"] == 1 and summary["steps"] == 3
+
+
+@pytest.mark.slow
+def test_a_killed_trainer_leaves_no_process_shared_memory_or_gpu_memory(tmp_path):
+    args = F.parse_args(["--out", str(tmp_path), "--engine", "colocated", "--device", "cpu", "--fault-step", "1"])
+    result = F.trainer_kill(F.settings_for(args))
+    started = result.details["processes"]
+    assert result.ok and result.exit_code == -signal.SIGKILL, result
+    assert any("spawn_main" in p for p in started)  # the engine process was among them
+    assert result.left["processes"] == [] and result.left["shm"] == [] and not result.left["gpu"]
+
+
+@pytest.fixture(scope="module")
+def generator_dir(tmp_path_factory):
+    return save_tiny_generator(tmp_path_factory.mktemp("generator"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampled", [False, True])
+def test_regenerate_killed_mid_line_resumes_with_every_conversation_once(sampled, generator_dir, tmp_path):
+    """The faults script kills it with half a line on disk and runs it again; greedy, the file then equals an
+    unbroken run's."""
+    args = F.parse_args(["--out", str(tmp_path), "--engine", "colocated", "--device", "cpu", "--regen-target", str(generator_dir)])
+    result = F.regen_kill(F.settings_for(args), sampled=sampled)
+    before, after, report = result.details["before"], result.details["after"], result.details["report"]
+    assert result.ok and result.exit_code == -signal.SIGKILL, result
+    assert before["torn"] and 1 <= before["lines"] <= 4  # two chunks of two (less what the tiny target left empty), half a line
+    assert not after["torn"] and after["bad_lines"] == after["duplicates"] == 0 and report["skipped_done"] == before["lines"]
+    if not sampled:
+        straight = tmp_path / "straight.jsonl"
+        R.main(F.settings_for(args).regenerate_args(straight, sampled=False))
+        answers = tmp_path / "regen_kill" / "answers.jsonl"
+        assert sorted(answers.read_text().splitlines()) == sorted(straight.read_text().splitlines())
+
+
+def test_the_answers_check_sees_a_torn_end_and_a_restart_cuts_it(tmp_path):
+    out = tmp_path / "a.jsonl"
+    out.write_text('{"id": "a", "messages": []}\n{"id": "b", "mess')
+    assert F.answers_check(out) == {"lines": 1, "torn": True, "bad_lines": 0, "duplicates": 0}
+    R.done_ids(out)
+    assert F.answers_check(out) == {"lines": 1, "torn": False, "bad_lines": 0, "duplicates": 0}
+
+
+# --------------------------------------------------------------------------- the script's analysis
+
+
+def test_resume_comparison_and_table():
+    base = {1: 2.0, 2: 1.5, 3: 1.25, 4: 1.0}
+    assert F.compare(base, dict(base), after=2, exact=True)["equal"]
+    assert not F.compare(base, base | {4: 1.0 + 1e-9}, after=2, exact=True)["equal"]
+    gpu = F.compare(base, base | {3: 1.25 * (1 + 5e-4), 4: 1.0 * (1 + 1e-2)}, after=2, exact=False)
+    assert gpu["equal"] and gpu["steps"] == 2 and gpu["first_rel_diff"] == pytest.approx(5e-4)
+    assert not F.compare(base, base | {3: 1.25 * (1 + 2e-3)}, after=2, exact=False)["equal"]  # the first step: 1e-3
+    assert F.compare(base, base, after=4, exact=True) == {"from_step": 4, "steps": 0, "equal": False}
+    rows = [
+        F.FaultResult(
+            "engine_kill",
+            "SIGKILL",
+            True,
+            1,
+            ["the engine process 7 (PathTarget on cpu) was killed | x", "stopped by the engine failure"],
+            1.23,
+            "nothing: checkpoint step 4 is the last step trained",
+            F.resume_verdict(F.compare(base, base, after=2, exact=True)),
+            left={"processes": [], "shm": [], "gpu": None},
+        ),
+        F.FaultResult("nan", "NaN", False, 0, [], None, "1 batch skipped", left={"processes": ["9: python"], "shm": [], "gpu": []}),
+    ]
+    lines = F.table(rows).splitlines()
+    assert lines[0].startswith("| fault | ok | what the user saw") and len(lines) == 4
+    assert lines[2] == (
+        "| engine_kill | yes | the engine process 7 (PathTarget on cpu) was killed \\| x | 1.2 | nothing: checkpoint step 4 is "
+        "the last step trained | equal over steps 3+ (2 steps; max rel diff 0.0e+00; exact) | nothing (no nvidia-smi) |"
+    )
+    assert lines[3] == "| nan | NO | (nothing) |  | 1 batch skipped |  | processes: 9: python |"
+
+
+def test_the_script_refuses_sglang_on_the_cpu_and_skips_what_the_engine_cannot_run(tmp_path):
+    with pytest.raises(ValueError, match="--engine sglang runs on a GPU"):
+        F.settings_for(F.parse_args(["--out", str(tmp_path), "--device", "cpu"]))
+    cpu = F.parse_args(["--out", str(tmp_path), "--engine", "colocated", "--device", "cpu"])
+    assert "oom_fraction" not in F.fault_names(cpu) and F.settings_for(cpu).parallel == 1
+    gpu = F.settings_for(F.parse_args(["--out", str(tmp_path)]))
+    assert "engine=sglang" in gpu.overrides and "trainer.device=cuda" in gpu.overrides and gpu.fault_step == 50
+
+
+def test_the_script_runs_from_a_checkout(tmp_path):
+    """``python3 launch/faults.py`` (no install, no PYTHONPATH): its help, and one quick fault end to end."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "launch/faults.py", "--help"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "--engine" in done.stdout
+    args = ["--out", str(tmp_path), "--engine", "colocated", "--device", "cpu", "--faults", "oom_pool"]
+    done = subprocess.run([sys.executable, "launch/faults.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "faults.json").read_text())["results"]
+    assert [r["fault"] for r in result] == ["oom_pool"] and result[0]["ok"], result
+    assert result[0]["message"][0].startswith("error: config engine.slot_tokens: a ring slot of 256 tokens is smaller than a batch")
+    assert (tmp_path / "faults.md").read_text().startswith("| fault | ok |")
