@@ -19,11 +19,12 @@ from launch.fault_targets import NaNFeatures
 from tests.tiny import ROOT, tiny_config
 from tests.tiny_generator import save_tiny_generator
 from tests.toy_target import ToyTarget, make_batches
-from trainer import build
+from trainer import build, components
 from trainer import regenerate as R
 from trainer.config import EngineConfig
-from trainer.loop import Trainer
-from trainer.stream.engine_process import EngineError
+from trainer.loop import Trainer, run
+from trainer.stream import feature_stream
+from trainer.stream.engine_process import EngineError, EngineProcess
 from trainer.stream.feature_stream import TargetSource, open_feature_stream
 
 RUN = ["engine.mode=colocated", "trainer.max_steps=6", "trainer.eval_batches=1", "trainer.serve_eval=false"]
@@ -89,6 +90,78 @@ def test_a_killed_engine_names_itself_and_what_the_trainer_waited_for():
 
 
 # --------------------------------------------------------------------------- a whole run (slow)
+
+
+@pytest.fixture(scope="module")
+def unbroken(tmp_path_factory) -> dict[int, float]:
+    """The losses of the run the faulted ones must match from their checkpoint on."""
+    run_dir = tmp_path_factory.mktemp("unbroken")
+    assert run(tiny_config(*RUN), run_dir)["steps"] == 6
+    return F.logged_losses(run_dir)
+
+
+@pytest.fixture
+def engines(monkeypatch) -> list[EngineProcess]:
+    """Every engine process the streams start, in order."""
+    made = []
+
+    class Recorded(EngineProcess):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(feature_stream, "EngineProcess", Recorded)
+    return made
+
+
+def at_step(monkeypatch, step: int, fault) -> None:
+    """Call ``fault()`` once, when the run has finished step ``step`` (after its components)."""
+    real, done = components.Counters.after_step, []
+
+    def after_step(self, at):
+        real(self, at)
+        if self.step == step and not done:
+            done.append(fault())
+
+    monkeypatch.setattr(components.Counters, "after_step", after_step)
+
+
+def signal_engine(engines: list, sig: signal.Signals, state: str):
+    def fault():
+        os.kill(engines[-1].pid, sig)
+        wait_state(engines[-1].pid, state)
+
+    return fault
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP])
+def test_an_engine_killed_or_stopped_mid_run_stops_it_keeps_every_step_and_the_resume_trains_as_an_unbroken_run(
+    sig, unbroken, engines, monkeypatch, capsys, tmp_path
+):
+    """SIGKILL: noticed at the trainer's next wait. SIGSTOP: the batches made before it are trained, then the
+    wait times out (engine.wait_timeout_s; 60 s: this shared CPU's slowest batch takes ~15 s). Either way the
+    steps trained are saved, exit code 1 with the cause and the resume command, no engine left."""
+    wait = ["engine.wait_timeout_s=60"] if sig == signal.SIGSTOP else []
+    at_step(monkeypatch, 2, signal_engine(engines, sig, "Z" if sig == signal.SIGKILL else "T"))
+    with pytest.raises(SystemExit) as stopped:
+        run(tiny_config(*RUN, *wait), tmp_path)
+    pid, err = engines[-1].pid, capsys.readouterr().err
+    assert stopped.value.code == 1
+    if sig == signal.SIGKILL:
+        assert f"the engine process {pid} (PathTarget on cpu) was killed by signal 9 (SIGKILL) without reporting an error" in err
+    else:
+        assert f"the engine process {pid} (PathTarget on cpu) gave no answer within 60 s (engine.wait_timeout_s)" in err
+        assert "the kernel said it was stopped by a signal (SIGSTOP, SIGTSTP); the trainer killed it" in err
+    assert "stopped by the engine failure during the training: skipped the rest of the training; end-of-run held-out eval" in err
+    trained = max(F.logged_losses(tmp_path))
+    assert trained >= 2 and f"Checkpoint step {trained} kept" in err and F.kept_step(tmp_path) == trained  # nothing lost
+    assert f"plus: trainer.resume=auto hydra.run.dir={tmp_path}" in err
+    assert not F.alive(pid) and not [n for n in os.listdir("/dev/shm") if n.startswith((f"torch_{pid}_", f"torch_{os.getpid()}_"))]
+    assert run(tiny_config(*RUN, *wait, "trainer.resume=auto"), tmp_path)["steps"] == 6
+    resumed = F.logged_losses(tmp_path)
+    assert sorted(resumed) == [1, 2, 3, 4, 5, 6]
+    assert {s: resumed[s] for s in range(trained + 1, 7)} == {s: unbroken[s] for s in range(trained + 1, 7)}  # bitwise, fp32 CPU
 
 
 @pytest.mark.slow
