@@ -74,6 +74,9 @@ SGLANG_RUN = ["engine=sglang", "engine.sglang.max_total_tokens=4096"]  # a fixed
 COLOCATED_RUN = ["engine.mode=colocated"]
 FAULTS = ("engine_kill", "engine_stop", "trainer_kill", "nan", "oom_pool", "oom_fraction", "regen_kill", "regen_kill_sampled")
 MESSAGE_MARKS = ("the engine process ", "error: ", "stopped by ")  # the first line of what the trainer says when it stops
+CRASH_MARKS = (*MESSAGE_MARKS, "Traceback (most recent call last)", "torch.OutOfMemoryError", "Error executing job")
+STARTED = re.compile(r"^the engine process \d+ \(.*\): target built in ")  # the engine's start, no message
+RANK = re.compile(r"^\[rank\d+\]: ?")  # torch.distributed's prefix on a rank's traceback lines
 
 # python -c programs: the trainer with NaN features in engine batch argv[1]; regenerate that writes half a line
 # after its output's fsync number argv[2] and waits to be killed (argv[1]: the marker it touches then)
@@ -261,9 +264,10 @@ class Leg:
         return next((p for p in descendants(self.pid) if "spawn_main" in cmdline(p)), None)
 
     def said(self, since: float, marks: Sequence[str] = MESSAGE_MARKS) -> tuple[list[str], float | None]:
-        """The lines from the first one at or after ``since`` that starts with one of ``marks``, and when it came."""
-        lines = [(t, line) for t, line in self.lines if t >= since]
-        first = next((k for k, (_, line) in enumerate(lines) if line.startswith(tuple(marks))), None)
+        """The lines from the first one at or after ``since`` that starts with one of ``marks`` (the engine's start
+        line aside), and when it came."""
+        lines = [(t, RANK.sub("", line)) for t, line in self.lines if t >= since]
+        first = next((k for k, (_, line) in enumerate(lines) if line.startswith(tuple(marks)) and not STARTED.match(line)), None)
         if first is None:
             return [], None
         return [line for _, line in lines[first:] if not _progress(line)][:40], lines[first][0]
@@ -453,7 +457,9 @@ def _steps(n: int) -> str:
 
 
 def _ended(r: FaultResult, t0: float, pids: Sequence[int]) -> FaultResult:
-    """Kill what the fault's processes left (once recorded), stamp the time and the GPU memory."""
+    """Record what the fault's processes left (unless the fault did), kill it, stamp the time and the GPU memory."""
+    if r.left is None:
+        r.left = leftovers(pids)
     kill_all(pids)
     r.seconds, r.gpu_used_mib = time.monotonic() - t0, gpu_used_mib()
     return r
@@ -572,7 +578,7 @@ def oom_fraction(s: Settings, base: Future | None = None) -> FaultResult:
     leg = s.trainer(run_dir, ["engine.sglang.mem_fraction_static=0.99", "engine.sglang.max_total_tokens=null"])
     r = FaultResult("oom_fraction", "engine.sglang.mem_fraction_static=0.99, max_total_tokens=null", ok=False)
     r.exit_code = leg.finish(s.deadline)
-    r.message, seen = leg.said(leg.started)
+    r.message, seen = leg.said(leg.started, CRASH_MARKS)
     r.message = r.message or [line for _, line in leg.lines[-12:]]
     r.message_s = None if seen is None else seen - leg.started
     trained = max(logged_losses(run_dir), default=0)

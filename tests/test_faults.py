@@ -252,6 +252,24 @@ def test_resume_comparison_and_table():
     assert lines[3] == "| nan | NO | (nothing) |  | 1 batch skipped |  | processes: 9: python |"
 
 
+def test_a_leg_finds_the_message_after_the_fault_and_not_the_engines_start_line(tmp_path):
+    printed = [
+        "the engine process 5 (PathTarget on cpu): target built in 1.0 s; ring of 3 x 512 tokens",
+        "train:  50%|#####     | 3/6 [00:03<00:03,  1.00s/step]",
+        "[rank0]: Traceback (most recent call last):",
+        "the engine process 5 (PathTarget on cpu) was killed by signal 9 (SIGKILL) without reporting an error",
+        "train:  67%|######6   | 4/6 [00:04<00:02,  1.00s/step]",
+        "stopped by the engine failure during the training",
+    ]
+    leg = F.Leg([sys.executable, "-c", f"print({chr(10).join(printed)!r})"], tmp_path / "leg.log")
+    assert leg.finish(time.monotonic() + 300) == 0
+    message, at = leg.said(leg.started)
+    assert message == [printed[3], printed[5]] and at >= leg.started
+    assert leg.said(leg.started, F.CRASH_MARKS)[0][0] == "Traceback (most recent call last):"  # torch's rank prefix off
+    assert leg.said(time.monotonic() + 60) == ([], None)
+    assert (tmp_path / "leg.log").read_text().splitlines() == printed
+
+
 def test_the_script_refuses_sglang_on_the_cpu_and_skips_what_the_engine_cannot_run(tmp_path):
     with pytest.raises(ValueError, match="--engine sglang runs on a GPU"):
         F.settings_for(F.parse_args(["--out", str(tmp_path), "--device", "cpu"]))
