@@ -133,22 +133,22 @@ def alive(pid: int) -> bool:
     return proc_state(pid) not in (None, "Z", "X")
 
 
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started (``/proc/PID/task/*/children``)."""
+    kids = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                kids += [int(k) for k in (task / "children").read_text().split()]
+    return kids
+
+
 def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (``/proc/PID/task/*/children``), nearest first."""
+    """Every process below ``pid``, nearest first."""
     found, todo = [], [pid]
     while todo:
-        parent = todo.pop(0)
-        try:
-            tasks = list(Path(f"/proc/{parent}/task").iterdir())
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                kids = [int(k) for k in (task / "children").read_text().split()]
-            except OSError:
-                kids = []
-            found += kids
-            todo += kids
+        kids = children(todo.pop(0))
+        found, todo = found + kids, todo + kids
     return found
 
 
@@ -209,10 +209,12 @@ def nothing_left(left: dict) -> bool:
 class Leg:
     """One process of a fault: its output lines with the time each came, and every process it started."""
 
-    def __init__(self, argv: Sequence[str], log: Path):
+    def __init__(self, argv: Sequence[str], log: Path, threads: int | None = None):
         env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
         env |= {"PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]), "PYTHONUNBUFFERED": "1"}
         env.setdefault("WANDB_MODE", "offline")
+        if threads is not None:  # processes side by side: each its share of the cores, not all of them
+            env.setdefault("OMP_NUM_THREADS", str(threads))
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log, self.lines, self.seen = log.open("w"), [], set()
         self.started = time.monotonic()
@@ -260,8 +262,8 @@ class Leg:
         return self.proc.returncode
 
     def engine_pid(self) -> int | None:
-        """The engine process the trainer spawned (its command line runs multiprocessing's spawn_main)."""
-        return next((p for p in descendants(self.pid) if "spawn_main" in cmdline(p)), None)
+        """The engine process the trainer spawned: its child running multiprocessing's spawn_main."""
+        return next((p for p in children(self.pid) if "spawn_main" in cmdline(p)), None)
 
     def said(self, since: float, marks: Sequence[str] = MESSAGE_MARKS) -> tuple[list[str], float | None]:
         """The lines from the first one at or after ``since`` that starts with one of ``marks`` (the engine's start
@@ -415,6 +417,11 @@ class Settings:
     deadline: float  # time.monotonic() by which every process has ended
 
     @property
+    def threads(self) -> int:
+        """Torch threads of each process: the cores shared by ``parallel`` faults of two processes (trainer, engine)."""
+        return max(1, (os.cpu_count() or 1) // (2 * self.parallel))
+
+    @property
     def overrides(self) -> list[str]:
         engine = SGLANG_RUN if self.engine == "sglang" else COLOCATED_RUN
         return [*engine, *(CPU_RUN if self.device == "cpu" else GPU_RUN), *EVERY_RUN]
@@ -422,12 +429,12 @@ class Settings:
     def trainer(self, run_dir: Path, extra: Sequence[str] = (), log: str = "run", program: Sequence[str] = ()) -> Leg:
         """``python -m trainer`` (or ``python -c PROGRAM ARGS...``) on ``run_dir`` with this run's overrides."""
         head = [sys.executable, "-c", *program] if program else [sys.executable, "-m", "trainer"]
-        return Leg([*head, f"hydra.run.dir={run_dir}", *self.overrides, *extra], run_dir.parent / f"{log}.log")
+        return Leg([*head, f"hydra.run.dir={run_dir}", *self.overrides, *extra], run_dir.parent / f"{log}.log", self.threads)
 
     def regenerate_args(self, output: Path, sampled: bool) -> list[str]:
         cpu = self.device == "cpu"
         sizes = (
-            ["--limit", "8", "--batch-size", "2", "--max-new-tokens", "8"]
+            ["--limit", "16", "--batch-size", "2", "--max-new-tokens", "8"]
             if cpu
             else ["--limit", "64", "--batch-size", "8", "--max-new-tokens", "32"]
         )
@@ -593,7 +600,7 @@ def regen_kill(s: Settings, base: Future | None = None, sampled: bool = False) -
     t0, home = time.monotonic(), s.out / name
     output, marker = home / "answers.jsonl", home / "torn"
     args = s.regenerate_args(output, sampled)
-    leg = Leg([sys.executable, "-c", TORN_WRITE, str(marker), "2", *args], home / "regenerate.log")
+    leg = Leg([sys.executable, "-c", TORN_WRITE, str(marker), "2", *args], home / "regenerate.log", s.threads)
     r = FaultResult(name, f"SIGKILL to trainer.regenerate{' (sampled)' if sampled else ''} mid-line, after 2 chunks", ok=False)
     if not leg.wait_for(marker.exists, s.deadline):
         r.exit_code, r.notes = leg.finish(s.deadline), ["it never wrote its second chunk (see regenerate.log)"]
@@ -602,7 +609,7 @@ def regen_kill(s: Settings, base: Future | None = None, sampled: bool = False) -
     os.kill(leg.pid, signal.SIGKILL)
     r.exit_code = leg.finish(s.deadline)
     before, r.left = answers_check(output), leftovers(sorted(set(started) | leg.seen))
-    again = Leg([sys.executable, "-c", REGEN_REPORT, *args], home / "resume.log")
+    again = Leg([sys.executable, "-c", REGEN_REPORT, *args], home / "resume.log", s.threads)
     code = again.finish(s.deadline)
     kill_all([again.pid, *again.seen])
     report = next((json.loads(line[7:]) for _, line in again.lines if line.startswith("REPORT ")), None)
