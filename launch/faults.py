@@ -10,7 +10,7 @@ and the project's wheels). ``--engine colocated`` is the transformers engine in 
 the CPU equivalent of SGLang's; ``--device cpu`` also shrinks the runs to the tests' tiny sizes.
 
 The faults (each a few short ``python -m trainer`` or ``python -m trainer.regenerate`` processes;
-they run ``--parallel`` at a time, ``oom_fraction`` alone at the end, all within ``--budget-s``):
+they run ``--parallel`` at a time after ``oom_fraction``, which runs alone, all within ``--budget-s``):
 
 - ``baseline``: the unbroken run the resumes are compared with;
 - ``engine_kill`` / ``engine_stop``: SIGKILL / SIGSTOP to the engine process once step
@@ -25,12 +25,14 @@ they run ``--parallel`` at a time, ``oom_fraction`` alone at the end, all within
 - ``oom_pool``: a KV pool (sglang: ``engine.sglang.max_total_tokens``) or a ring slot (colocated:
   ``engine.slot_tokens``) smaller than a batch: refused before training, naming the key;
 - ``oom_fraction`` (sglang): ``engine.sglang.mem_fraction_static=0.99`` leaves the trainer almost
-  no GPU memory: what happens is recorded;
+  no GPU memory: what happens within ``ALONE_S`` is recorded;
 - ``regen_kill`` / ``regen_kill_sampled``: ``trainer.regenerate`` (greedy / ``--temperature 0.6``)
   SIGKILLed with half a line on disk, then resumed: no torn line, no conversation twice, every
   conversation written or counted as dropped.
 
-Each result: the lines the user saw, seconds from the fault to the first of them, what was lost, the
+On a GPU every wait for the engine of ``engine_stop`` ends at ``--wait-timeout-s`` (60 s), its first
+prefill too: restore SGLang's kernel cache first (docs/SGLANG.md; a cold one builds for ~50-70 s) or
+raise it. Each result: the lines the user saw, seconds from the fault to the first of them, what was lost, the
 resume's comparison, the processes / shared memory / GPU memory left behind. ``--out`` gets
 ``faults.json``, ``faults.md`` (the table) and a dir per fault with its run dirs and logs.
 """
@@ -48,7 +50,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -641,6 +643,7 @@ FAULT_RUNS: dict[str, Callable[[Settings, Future | None], FaultResult]] = {
     "regen_kill_sampled": lambda s, base: regen_kill(s, base, sampled=True),
 }
 NEEDS_BASELINE = ("engine_kill", "engine_stop")
+ALONE_S = 120.0  # oom_fraction's share of the budget
 
 
 def guarded(name: str, s: Settings, base: Future | None) -> FaultResult:
@@ -654,15 +657,15 @@ def guarded(name: str, s: Settings, base: Future | None) -> FaultResult:
 
 
 def run_faults(s: Settings, names: Sequence[str]) -> list[FaultResult]:
-    """The baseline first when a fault compares with it, ``s.parallel`` at a time; oom_fraction alone at the end."""
-    shared = [n for n in names if n != "oom_fraction"]
+    """oom_fraction first and alone (it takes the GPU's memory), within ``ALONE_S``; then the baseline, when a
+    fault compares with it, and the rest, ``s.parallel`` at a time."""
+    alone = []
+    if "oom_fraction" in names:
+        alone.append(guarded("oom_fraction", replace(s, deadline=min(s.deadline, time.monotonic() + ALONE_S)), None))
     with ThreadPoolExecutor(s.parallel) as pool:
         base = pool.submit(guarded, "baseline", s, None) if any(n in NEEDS_BASELINE for n in names) else None
-        futures = [pool.submit(guarded, n, s, base) for n in shared]
-        results = ([base.result()] if base else []) + [f.result() for f in futures]
-    if "oom_fraction" in names:  # it takes the GPU's memory: nothing else may run beside it
-        results.append(guarded("oom_fraction", s, base))
-    return results
+        futures = [pool.submit(guarded, n, s, base) for n in names if n != "oom_fraction"]
+        return ([base.result()] if base else []) + [f.result() for f in futures] + alone
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -270,6 +270,26 @@ def test_a_leg_finds_the_message_after_the_fault_and_not_the_engines_start_line(
     assert (tmp_path / "leg.log").read_text().splitlines() == printed
 
 
+def test_oom_fraction_runs_first_and_alone_then_the_baseline_and_the_rest(tmp_path, monkeypatch):
+    events = []
+
+    def fake(name):
+        def run(s, base=None):
+            events.append(f"{name} start")
+            time.sleep(0.05)
+            events.append(f"{name} end")
+            return F.FaultResult(name, "", True)
+
+        return run
+
+    monkeypatch.setattr(F, "FAULT_RUNS", {n: fake(n) for n in F.FAULTS})
+    monkeypatch.setattr(F, "baseline", fake("baseline"))
+    args = F.parse_args(["--out", str(tmp_path), "--parallel", "3"])
+    results = F.run_faults(F.settings_for(args), F.fault_names(args))
+    assert [r.fault for r in results] == ["baseline", *(n for n in F.FAULTS if n != "oom_fraction"), "oom_fraction"]
+    assert events[:3] == ["oom_fraction start", "oom_fraction end", "baseline start"]
+
+
 def test_the_script_refuses_sglang_on_the_cpu_and_skips_what_the_engine_cannot_run(tmp_path):
     with pytest.raises(ValueError, match="--engine sglang runs on a GPU"):
         F.settings_for(F.parse_args(["--out", str(tmp_path), "--device", "cpu"]))
