@@ -121,6 +121,7 @@ class BenchEngine:
     slots: int
     slot_tokens: int
     start_timeout_s: float = 900.0
+    wait_timeout_s: float = 600.0
 
 
 # --------------------------------------------------------------------------- set-up

@@ -435,6 +435,29 @@ def test_engine_sglang_maps_to_one_recipe_per_local_rank():
     assert pickle.loads(pickle.dumps(first)) == first  # the engine process receives it pickled
 
 
+def test_a_kv_pool_or_a_ring_slot_smaller_than_a_batch_is_refused_before_an_engine_starts():
+    """Both would stop the run at a batch (SGLang's "does not fit the KV pool", the slot's "does not fit"), after the
+    weights loaded or hours in; the config says so first, naming the key and a value that fits."""
+    sglang = ["engine=sglang", "engine.sglang.tp_size=2", "engine.sglang.dist_port=29650"]
+    small = tiny_config(*sglang, "engine.sglang.max_total_tokens=1000")
+    with pytest.raises(
+        ValueError,
+        match=r"config engine.sglang.max_total_tokens: a KV pool of 1000 tokens cannot hold one prefill of 1024 tokens "
+        r"\(tp_size 2 x engine.slot_tokens 512\); set engine.sglang.max_total_tokens=1024 or more",
+    ):
+        sglang_recipe(small.target, small.engine, KIMI_IDS, torch.bfloat16, 0)
+    enough = tiny_config(*sglang, "engine.sglang.max_total_tokens=1024")
+    assert sglang_recipe(enough.target, enough.engine, KIMI_IDS, torch.bfloat16, 0).max_total_tokens == 1024
+    cpu = Parallel(0, 1, 0, torch.device("cpu"))
+    with pytest.raises(
+        ValueError,
+        match=r"config engine.slot_tokens: a ring slot of 256 tokens is smaller than a batch, up to data.max_tokens=512; "
+        r"set engine.slot_tokens=512",
+    ):
+        target_recipe(tiny_config("engine.mode=colocated", "engine.slot_tokens=256"), [1, 14, 26], torch.float32, cpu)
+    assert isinstance(target_recipe(tiny_config("engine.slot_tokens=256"), [1, 14, 26], torch.float32, cpu), PathTarget)  # inprocess
+
+
 def _group_port_rank(rank: int, world: int, init: str, out: str) -> None:
     torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
@@ -630,7 +653,9 @@ def test_an_unknown_engine_failure_keeps_its_traceback():
 
 def test_an_engine_out_of_gpu_memory_stops_the_trainer_with_the_setting():
     with pytest.raises(EngineError) as err:
-        TargetSource(OutOfMemoryTarget()).colocated(SimpleNamespace(slots=2, slot_tokens=64, start_timeout_s=120.0), torch.device("cpu"))
+        TargetSource(OutOfMemoryTarget()).colocated(
+            SimpleNamespace(slots=2, slot_tokens=64, start_timeout_s=120.0, wait_timeout_s=120.0), torch.device("cpu")
+        )
     text = str(err.value)
     assert text.startswith("the engine process failed: the engine ran out of GPU memory: lower data.max_tokens")
     assert "torch.OutOfMemoryError: CUDA out of memory" in text and "engine.sglang.mem_fraction_static" in text

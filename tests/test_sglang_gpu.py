@@ -23,7 +23,7 @@ pytestmark = pytest.mark.gpu
 
 VOCAB = 512  # tiny_deepseek_v3_config's too
 IDS = (1, 3, 4)  # AuxLayerIds.default(8); starts at 1, as SGLang's DeepSeek class needs
-SETTINGS = SimpleNamespace(mode="colocated", slots=2, slot_tokens=256, start_timeout_s=900.0)
+SETTINGS = SimpleNamespace(mode="colocated", slots=2, slot_tokens=256, start_timeout_s=900.0, wait_timeout_s=600.0)
 
 
 def save_target(root: Path, kind: str) -> Path:

@@ -55,6 +55,7 @@ class Settings:
     slots: int = 2
     slot_tokens: int | None = 64
     start_timeout_s: float = 120.0
+    wait_timeout_s: float = 120.0
 
 
 COLOCATED = Settings("colocated")
@@ -411,7 +412,7 @@ import sys, time
 from tests.toy_target import VOCAB, ToyTarget, make_batches
 from trainer.stream.feature_stream import TargetSource, open_feature_stream
 class Settings:
-    mode, slots, slot_tokens, start_timeout_s = "colocated", 2, 64, 120.0
+    mode, slots, slot_tokens, start_timeout_s, wait_timeout_s = "colocated", 2, 64, 120.0, 120.0
 source = TargetSource(ToyTarget())
 stream = open_feature_stream(Settings(), source, make_batches(100), "cpu")
 next(stream)

@@ -221,7 +221,7 @@ def test_the_engine_process_must_build_the_target_the_head_describes(tmp_path):
 
     saved_llama(tmp_path / "m")
     head = TargetHead.from_path(tmp_path / "m", aux_layer_ids=[0, 2, 4])  # the engine builds the default ids (1, 3, 4)
-    settings = types.SimpleNamespace(mode="colocated", slots=2, slot_tokens=64, start_timeout_s=120.0)
+    settings = types.SimpleNamespace(mode="colocated", slots=2, slot_tokens=64, start_timeout_s=120.0, wait_timeout_s=120.0)
     with TargetSource(PathTarget(str(tmp_path / "m")), info=head.info) as source:
         with pytest.raises(
             ValueError, match=r"built a different target than the trainer's: aux_layer_ids: trainer \(0, 2, 4\), engine \(1, 3, 4\)"

@@ -292,12 +292,13 @@ class StopSignals:
     def exit_code(self) -> int:
         return 128 + signal.Signals[self.received].value  # what a shell reports for a process the signal ended
 
-    def message(self, ckpt_root: Path, run_dir: Path) -> str:
+    def message(self, ckpt_root: Path, run_dir: Path, by: str | None = None) -> str:
+        """What the stop skipped, the checkpoint kept and how to resume; ``by``: a cause other than the signal received."""
         during = TRAINING if self.phase == PERIODIC_EVAL else self.phase
         skipped = [f"the rest of the {during}", *PHASES[PHASES.index(during) + 1 :]]
         if self.phase == PERIODIC_EVAL:
             skipped.insert(0, f"the rest of the {PERIODIC_EVAL}")
-        head = f"stopped by {self.received} during the {self.phase}: skipped {'; '.join(skipped)}"
+        head = f"stopped by {by or self.received} during the {self.phase}: skipped {'; '.join(skipped)}"
         kept = ckpt.latest(ckpt_root)
         if kept is None:
             return f"{head}.\nNo checkpoint yet: run the same command again to start over."
@@ -309,10 +310,12 @@ class StopSignals:
 
 
 class Checkpointer:
-    """Saves every trainer.checkpoint_every steps and when a stop signal came (then stops the run); resumes."""
+    """Saves every trainer.checkpoint_every steps, when a stop signal came (then stops the run) and after an
+    engine failure (``keep_trained``); resumes."""
 
     def __init__(self, cfg: Config, built: Built, par: Parallel, ckpt_root: Path, state: Counters, signals: StopSignals):
         self.cfg, self.built, self.par, self.root, self.state, self.signals = cfg, built, par, ckpt_root, state, signals
+        self.saved_step = 0  # the step of the last checkpoint saved or resumed from
         resumed = built.resume_from
         self.wandb_id: str | None = ckpt.read_meta(resumed)["wandb_id"] if resumed else None  # saved: a resume continues it
 
@@ -322,9 +325,11 @@ class Checkpointer:
         self.built.loader.load_state_dict(data_state, strict="data" not in self.cfg.trainer.resume_allow)
         self.state.step, self.state.train_s = self.state.pos.step, self.state.pos.train_s
         self.built.clock.spent_s = self.state.pos.train_s
+        self.saved_step = self.state.step
 
     def save(self) -> Path:
         pos, b = self.state.pos, self.built
+        self.saved_step = pos.step
         data_state = b.loader.state_for(pos.epoch, pos.micro)  # what was trained, not what was read ahead
         return ckpt.save(
             b.ds_model,
@@ -338,6 +343,12 @@ class Checkpointer:
             self.par.is_main,
             self.wandb_id,
         )
+
+    def keep_trained(self) -> None:
+        """After the engine failed (between two steps: the draft and the position agree), save the steps trained
+        since the last checkpoint. With one rank only: a save is collective, and the other ranks are not here."""
+        if self.par.world == 1 and self.state.step > self.saved_step:
+            self.save()
 
     def should_save(self) -> bool:
         every = self.cfg.trainer.checkpoint_every

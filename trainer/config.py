@@ -175,6 +175,7 @@ class EngineConfig:
     slots: int = 3  # colocated: feature ring slots; the engine runs up to slots - 1 batches ahead
     slot_tokens: Optional[int] = None  # colocated: tokens (B x T) a slot holds; conf/engine sets ${data.max_tokens}
     start_timeout_s: float = 900.0  # colocated: time the engine process may take to build its target
+    wait_timeout_s: float = 600.0  # colocated: time any later wait for the engine may last (a batch, a cancel) before it counts as hung
     sglang: Optional[SGLangConfig] = None  # engine=sglang's settings (conf/engine/sglang.yaml)
 
     def __post_init__(self) -> None:
@@ -190,6 +191,7 @@ class EngineConfig:
         _require(self.slots >= 2, "engine.slots", "must be >= 2 (one slot the trainer reads, one the engine fills)")
         _require(self.slot_tokens is None or self.slot_tokens >= 1, "engine.slot_tokens", "must be >= 1")
         _require(self.start_timeout_s > 0, "engine.start_timeout_s", "must be positive")
+        _require(self.wait_timeout_s > 0, "engine.wait_timeout_s", "must be positive")
 
 
 @dataclass

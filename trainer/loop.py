@@ -43,7 +43,7 @@ from trainer.dist import Parallel, init_parallel, resolve_device, shared_run_dir
 from trainer.preflight import check_inputs
 from trainer.report.report import REPORT_DIR, REPORT_FILE, format_summary, run_summary, write_report
 from trainer.speedup_phase import check_speedup, measure_speedup
-from trainer.stream.feature_stream import open_feature_stream
+from trainer.stream.feature_stream import EngineError, open_feature_stream
 from trainer.ttt import TTTOutput, draft_step
 
 CHECKPOINTS = "checkpoints"  # the run dir's checkpoint folder
@@ -132,6 +132,9 @@ class Trainer:
                     break
                 self.state.pos = ckpt.Position(self.state.step, epoch + 1, 0, self.state.train_s)
                 self.checkpointer.save()
+        except EngineError:
+            self.checkpointer.keep_trained()
+            raise
         finally:
             bar.close()
         if self.state.out_of_time and self.par.is_main:
@@ -173,7 +176,8 @@ class Trainer:
 
 def run(cfg: Config, run_dir: Path) -> dict:
     """Train, export and evaluate one run; rank 0 writes ``summary.json`` and prints it.
-    SIGINT / SIGTERM end it in any phase (``StopSignals``) with exit code 128 + the signal."""
+    SIGINT / SIGTERM end it in any phase (``StopSignals``) with exit code 128 + the signal; an engine that
+    failed, died or hung ends it with exit code 1, the rank it served saying why and how to resume."""
     signals = StopSignals()
     signals.install()  # from the start: DeepSpeed's first init may build an op for a minute
     run_dir, is_main = run_dir / cfg.trainer.output_dir, os.environ.get("RANK", "0") == "0"
@@ -200,5 +204,8 @@ def run(cfg: Config, run_dir: Path) -> dict:
         if is_main:
             print(signals.message(run_dir / CHECKPOINTS, run_dir), file=sys.stderr, flush=True)
         raise SystemExit(signals.exit_code()) from None
+    except EngineError as e:
+        print(f"{e}\n{signals.message(run_dir / CHECKPOINTS, run_dir, by='the engine failure')}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from e
     finally:
         signals.restore()

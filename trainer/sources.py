@@ -109,6 +109,13 @@ def sglang_recipe(
     s = engine.sglang
     path = target.path if target.path is not None else embedded_target_dir()
     group, rank = divmod(local_rank, s.tp_size)
+    prefill = None if engine.slot_tokens is None else s.tp_size * engine.slot_tokens  # a group's prefill: every rank's batch
+    if prefill is not None and s.max_total_tokens is not None and s.max_total_tokens < prefill:
+        raise ValueError(
+            f"config engine.sglang.max_total_tokens: a KV pool of {s.max_total_tokens} tokens cannot hold one prefill of {prefill} "
+            f"tokens (tp_size {s.tp_size} x engine.slot_tokens {engine.slot_tokens}); set engine.sglang.max_total_tokens={prefill} "
+            "or more, or null (the pool mem_fraction_static leaves)"
+        )
     if s.dist_port is None and port is None:
         raise ValueError("engine.sglang.dist_port is null: the group's port must be given (trainer.dist.group_port)")
     return SGLangTarget(
@@ -122,7 +129,7 @@ def sglang_recipe(
         attention_backend=s.attention_backend,
         load_format=s.load_format,
         max_total_tokens=s.max_total_tokens,
-        prefill_tokens=None if engine.slot_tokens is None else s.tp_size * engine.slot_tokens,
+        prefill_tokens=prefill,
     )
 
 
@@ -134,7 +141,14 @@ def local_world_size(par: Parallel) -> int:
 def target_recipe(cfg: Config, ids: Sequence[int], dtype: torch.dtype, par: Parallel) -> TargetFactory:
     """The recipe an engine process builds the target from, per ``engine.name``. For sglang the
     preflight runs here, before any weight is loaded or any step is taken, and picks the attention
-    backend this install can run (models/sglang_preflight.py)."""
+    backend this install can run (models/sglang_preflight.py). In colocated mode a ring slot must hold the
+    largest batch (``data.max_tokens``): a batch that does not fit would stop the run when it comes."""
+    slot, batch = cfg.engine.slot_tokens, cfg.data.max_tokens
+    if cfg.engine.mode == "colocated" and slot is not None and slot < batch:
+        raise ValueError(
+            f"config engine.slot_tokens: a ring slot of {slot} tokens is smaller than a batch, up to data.max_tokens={batch}; "
+            f"set engine.slot_tokens={batch} (its default, ${{data.max_tokens}}) or lower data.max_tokens"
+        )
     if cfg.engine.name == "hf":
         return PathTarget(cfg.target.path, tuple(ids), dtype)
     if par.device.type != "cuda":

@@ -23,7 +23,11 @@ Failure and shutdown:
   traceback shows a known one (``FAILURE_CAUSES``: GPU memory, a missing FlashAttention-3, a
   failed JIT kernel build);
 - an engine that dies without a word (killed, out of memory) is noticed by the trainer
-  within ``POLL_S`` while it waits, and raises ``EngineError`` with the exit code;
+  within ``POLL_S`` while it waits (or at its next wait), and raises ``EngineError`` with the
+  exit code, the engine's pid and role and what the trainer was waiting for;
+- an engine that gives no answer for ``wait_timeout_s`` (``engine.wait_timeout_s``: stopped,
+  deadlocked) is killed, and the trainer raises ``EngineError`` naming it, what it waited for
+  and the state the kernel reports for it;
 - the trainer stops the engine with ``Stop`` (then terminate, then kill); a
   ``multiprocessing.util.Finalize`` does the same when the handle is collected or the
   trainer's interpreter exits (before multiprocessing joins its children);
@@ -36,6 +40,7 @@ Failure and shutdown:
 from __future__ import annotations
 
 import ctypes
+import logging
 import multiprocessing.util
 import os
 import queue
@@ -46,6 +51,7 @@ import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -58,6 +64,14 @@ from trainer.stream.feature_ring import RingSpec, Slot, allocate_ring
 
 POLL_S = 0.5  # how often a waiting side checks that the other side is alive
 STOP_TIMEOUT_S = 30.0  # from Stop to terminate
+PROCESS_STATES = {  # the state letter of /proc/PID/stat (Linux)
+    "R": "running",
+    "S": "sleeping (waiting for an event)",
+    "D": "in uninterruptible sleep (a driver or disk call)",
+    "T": "stopped by a signal (SIGSTOP, SIGTSTP)",
+    "t": "stopped by a debugger",
+}
+log = logging.getLogger(__name__)
 
 
 class EngineError(RuntimeError):
@@ -95,6 +109,23 @@ FAILURE_CAUSES: tuple[tuple[tuple[str, ...], str], ...] = (
         "engine.sglang.attention_backend=triton avoids flashinfer's attention builds",
     ),
 )
+
+
+def process_state(pid: int) -> str:
+    """What the kernel says process ``pid`` is doing (``/proc``, Linux), or ``unknown``."""
+    try:
+        letter = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "unknown"
+    return PROCESS_STATES.get(letter, f"state {letter}")
+
+
+def _signal_name(number: int) -> str:
+    """`` (SIGKILL)`` for 9: the name of a signal Python knows, in parentheses; empty otherwise."""
+    try:
+        return f" ({signal.Signals(number).name})"
+    except ValueError:
+        return ""
 
 
 def failure_cause(traceback: str) -> str | None:
@@ -404,11 +435,21 @@ class EngineProcess:
     Starting builds the target in the child and waits (up to ``start_timeout_s``) for its
     ``TargetInfo``; the trainer then allocates the ring (``slots`` x ``slot_tokens``,
     widths from the info) on ``device`` and sends it once. Streams (``trainer.stream.feature_stream``)
-    use ``submit`` / ``receive`` / ``release`` / ``cancel``; one stream at a time.
+    use ``submit`` / ``receive`` / ``release`` / ``cancel``; one stream at a time. Every later
+    wait for the engine ends after ``wait_timeout_s`` without an answer.
     """
 
-    def __init__(self, factory: TargetFactory, device: torch.device, slots: int, slot_tokens: int, start_timeout_s: float = 900.0):
-        self.device = concrete_device(device)
+    def __init__(
+        self,
+        factory: TargetFactory,
+        device: torch.device,
+        slots: int,
+        slot_tokens: int,
+        start_timeout_s: float = 900.0,
+        wait_timeout_s: float = 600.0,
+    ):
+        self.device, self.wait_timeout_s = concrete_device(device), wait_timeout_s
+        self.role = f"{type(factory).__name__} on {self.device}"
         ctx = tmp.get_context("spawn")
         self._inbox, self._outbox = ctx.Queue(), ctx.Queue()
         self._stats = EngineStats.shared_tensor()
@@ -422,6 +463,7 @@ class EngineProcess:
         self._process = ctx.Process(
             target=engine_main, args=(launch, self._inbox, self._outbox, self._stats), name="streamdraft-engine", daemon=False
         )
+        t0 = time.monotonic()
         self._process.start()
         self._finalizer = multiprocessing.util.Finalize(
             self, _stop_process, args=(self._process, self._inbox, self._outbox), exitpriority=100
@@ -429,7 +471,7 @@ class EngineProcess:
         self._stream: object | None = None  # the open stream, if any
         self._next_stream_id = 0
         self._down = False  # shut down (stopped, failed or died)
-        started = self.receive(timeout_s=start_timeout_s, waiting_for="the engine to build its target")
+        started = self.receive("the engine to build its target", start_timeout_s, "engine.start_timeout_s")
         if not isinstance(started, Started):
             raise EngineError(f"engine process: expected Started, got {started!r}")
         self.info = started.info
@@ -437,6 +479,7 @@ class EngineProcess:
         self.spec = RingSpec(slots=slots, tokens=slot_tokens, aux_width=width, hidden=self.info.hidden_size, dtype=started.dtype)
         self.ring = allocate_ring(self.spec, self.device)
         self._inbox.put(Ring(self.ring))
+        log.info(f"{self.describe()}: target built in {time.monotonic() - t0:.1f} s; ring of {slots} x {slot_tokens} tokens")
 
     @property
     def pid(self) -> int:
@@ -446,14 +489,21 @@ class EngineProcess:
     def alive(self) -> bool:
         return not self._down and self._process.exitcode is None
 
-    def stopped_error(self) -> EngineError:
-        """The error for a use of this engine after it stopped, naming how it ended."""
+    def describe(self) -> str:
+        """Which process this is, for messages: its pid and what it runs where."""
+        return f"the engine process {self.pid} ({self.role})"
+
+    def stopped_error(self, waiting_for: str) -> EngineError:
+        """The error for an engine that is gone while the trainer waits for ``waiting_for``, naming how it
+        ended; shuts the handle down."""
         code = self._process.exitcode
+        self._shutdown()
         if code is None:
-            how = "was shut down"
-        else:
-            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        return EngineError(f"the engine process {self.pid} {how}; this stream cannot go on")
+            return EngineError(f"{self.describe()} was shut down; the trainer needed it for {waiting_for}")
+        how = f"was killed by signal {-code}{_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+        return EngineError(
+            f"{self.describe()} {how} without reporting an error (killed? out of memory?); the trainer needed it for {waiting_for}"
+        )
 
     def stats(self) -> EngineStats:
         return EngineStats.read(self._stats)
@@ -463,7 +513,7 @@ class EngineProcess:
         if self._stream is not None:
             self._stream.close()
         if not self.alive:
-            raise self.stopped_error()
+            raise self.stopped_error("a new stream")
         self._stream = stream
         self._next_stream_id += 1
         return self._next_stream_id
@@ -486,20 +536,19 @@ class EngineProcess:
             slot.free.record(torch.cuda.current_stream(self.device))
         self._inbox.put(Free(slot.index))
 
-    def receive(self, timeout_s: float | None = None, waiting_for: str = "features"):
-        """The engine's next message; ``EngineError`` if it failed, died or timed out."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    def receive(self, waiting_for: str = "features", timeout_s: float | None = None, setting: str = "engine.wait_timeout_s"):
+        """The engine's next message; ``EngineError`` if it failed, died, or gave none within ``timeout_s``
+        (default ``wait_timeout_s``; ``setting`` is the config key that sets it, for the message)."""
+        timeout_s = self.wait_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
         while True:
             try:
                 msg = self._outbox.get(timeout=POLL_S)
             except queue.Empty:
                 if self._process.exitcode is not None:
-                    msg = self._last_words()
-                elif deadline is not None and time.monotonic() > deadline:
-                    self._shutdown()
-                    raise EngineError(
-                        f"the engine process gave no answer within {timeout_s:.0f} s while the trainer waited for {waiting_for}"
-                    ) from None
+                    msg = self._last_words(waiting_for)
+                elif time.monotonic() > deadline:
+                    raise self._hung(waiting_for, timeout_s, setting) from None
                 else:
                     continue
             if isinstance(msg, Failed):
@@ -507,15 +556,23 @@ class EngineProcess:
                 raise EngineError(failure_message(msg.traceback))
             return msg
 
-    def _last_words(self):
+    def _last_words(self, waiting_for: str):
         """A message the engine sent just before it exited, or EngineError naming its exit code."""
         try:
             return self._outbox.get(timeout=POLL_S)
         except queue.Empty:
-            code = self._process.exitcode
-            self._shutdown()
-            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-            raise EngineError(f"the engine process {self._process.pid} {how} without reporting an error (killed? out of memory?)") from None
+            raise self.stopped_error(waiting_for) from None
+
+    def _hung(self, waiting_for: str, timeout_s: float, setting: str) -> EngineError:
+        """Kill an engine that gave no answer (a Stop would wait on it too); the error says what it was doing."""
+        state = process_state(self.pid)
+        self._process.kill()
+        self._process.join(STOP_TIMEOUT_S)
+        self._shutdown()
+        return EngineError(
+            f"{self.describe()} gave no answer within {timeout_s:g} s ({setting}) while the trainer waited for {waiting_for}; "
+            f"the kernel said it was {state}; the trainer killed it"
+        )
 
     def stop(self) -> None:
         """Close the open stream (if any), then stop the engine process; idempotent."""

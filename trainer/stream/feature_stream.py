@@ -123,14 +123,14 @@ class ColocatedStream:
         if self._closed:
             raise StopIteration
         if not self._process.alive:
-            raise self._process.stopped_error()
+            raise self._process.stopped_error(self._awaited())
         self.release()
         self._top_up()
         if self._received == self._submitted:
             self.close()
             raise StopIteration
         t0 = time.perf_counter()
-        msg = self._process.receive()
+        msg = self._process.receive(self._awaited())
         received_at = time.monotonic()
         self.stats.wait_s += time.perf_counter() - t0
         assert isinstance(msg, Ready) and msg.stream == self._id and msg.seq == self._received, f"out of order: {msg!r}"
@@ -142,6 +142,9 @@ class ColocatedStream:
         self.stats.tokens += msg.b * msg.t
         self.stats.message_latency_s += received_at - msg.sent_at
         return slot.view(msg.b, msg.t, msg.packed)
+
+    def _awaited(self) -> str:
+        return f"the features of batch {self._received} of stream {self._id}"
 
     def _top_up(self) -> None:
         while not self._exhausted and self._submitted - self._received < self._lookahead:
@@ -171,7 +174,7 @@ class ColocatedStream:
                 self._process.cancel(self._id)
             answered = not outstanding  # the engine answers a cancel once, with no seqs when it had made them all
             while outstanding or not answered:
-                msg = self._process.receive(waiting_for="the engine to cancel a closed stream")
+                msg = self._process.receive(f"the engine to cancel stream {self._id}")
                 if isinstance(msg, Ready):
                     self._process.release(self._process.ring[msg.slot])
                     outstanding -= 1
@@ -195,6 +198,7 @@ class EngineSettings(Protocol):
     slots: int
     slot_tokens: int | None
     start_timeout_s: float
+    wait_timeout_s: float
 
 
 class TargetSource:
@@ -232,7 +236,7 @@ class TargetSource:
                     f"a stream asked for {device} with {cfg.slots} x {cfg.slot_tokens}: close the source first"
                 )
             return process
-        self._process = EngineProcess(self.factory, device, cfg.slots, cfg.slot_tokens, cfg.start_timeout_s)
+        self._process = EngineProcess(self.factory, device, cfg.slots, cfg.slot_tokens, cfg.start_timeout_s, cfg.wait_timeout_s)
         if self._info is not None:
             self._check_same_target(self._info, self._process.info)
         return self._process
