@@ -15,6 +15,7 @@
 #   launch/device_run.sh baseline CORPORA_DIR       # the embedded default recipe, tau on the same held-out files
 #   launch/device_run.sh study CORPORA_DIR          # data size x LR regime on RECIPE_NAME's answers (waits for them)
 #   launch/device_run.sh genbench                   # generation speeds (transformers, SGLang; 1-4 replicas; GEN_VARIANTS)
+#   launch/device_run.sh faults [ARGS]              # launch/faults.py (docs/RELIABILITY.md): faults on purpose, SGLang
 #   launch/device_run.sh gputests                   # the whole gpu marker (two GPUs for the tensor-parallel tests;
 #                                                   # GPU_TESTS_K: a -k expression, a part of it)
 #   launch/device_run.sh dp CORPORA_DIR [RUN...]    # one GPU vs two data-parallel ranks (tokens/s, losses, stall per
@@ -133,6 +134,12 @@ perfbench)
   python3 launch/bench_generate.py --variants hf-b256-static-compile --out $r/generate_static.json 2>&1 \
     | clean > $r/generate_static.log; tail -4 $r/generate_static.log
   ;;
+faults)
+  # launch/faults.py against short SGLang runs: each fault's message, time to it, what was lost, the resume, what was
+  # left behind (docs/RELIABILITY.md); the rest of the arguments are its own
+  r=/tmp/res/faults; mkdir -p $r; shift
+  python3 launch/faults.py --out $r "$@" 2>&1 | clean > $r/faults.log; tail -n 20 $r/faults.log
+  ;;
 gputests)
   # one pytest per file, output uncaptured (-s): SGLang kills its parent process when its scheduler fails, so a
   # failure in one file loses neither the other files nor its own cause. GPU_TESTS_K: a -k expression.
@@ -201,5 +208,5 @@ print(json.dumps({k: v for k, v in out.items() if k.endswith("compare")}, indent
 PY
   ;;
 *)
-  echo "usage: $0 setup-sglang|setup-deps|setup-gguf|bg|collect|recipe|baseline|study|genbench|perfbench|gputests|dp ..." >&2; exit 2 ;;
+  echo "usage: $0 setup-sglang|setup-deps|setup-gguf|bg|collect|recipe|baseline|study|genbench|perfbench|faults|gputests|dp ..." >&2; exit 2 ;;
 esac
