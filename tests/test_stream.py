@@ -386,15 +386,16 @@ def test_engine_exception_reaches_the_trainer_with_its_traceback():
 
 
 def test_a_killed_engine_is_an_error_not_a_hang():
+    """The death is seen by the trainer's check of the process: a wait that ran out instead would
+    say "gave no answer within ... (engine.wait_timeout_s)", after ten minutes."""
     with TargetSource(ToyTarget()) as source:
         with open_feature_stream(COLOCATED, source, make_batches(50), "cpu") as stream:
             next(stream)
             os.kill(source.process.pid, signal.SIGKILL)
-            t0 = time.monotonic()
-            with pytest.raises(EngineError, match="was killed by signal 9"):
+            with pytest.raises(EngineError, match="was killed by signal 9") as err:
                 for _ in stream:
                     pass
-            assert time.monotonic() - t0 < 10
+            assert "gave no answer" not in str(err.value)
 
 
 def test_closing_the_source_mid_stream_stops_the_engine():
