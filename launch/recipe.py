@@ -35,7 +35,7 @@ from pathlib import Path
 from serving.usage import PlainHelp
 from trainer.datagen.gen_backend import EngineSettings, GenerationSettings, default_batch_size
 from trainer.datagen.replicas import open_generator
-from trainer.regenerate import done_ids, generation_meta, prompt_conversations, prompt_key, record_id, regenerate
+from trainer.regenerate import generation_meta, prompt_conversations, regenerate, unanswered
 
 PHASES = ("generation", "training")
 SAMPLED_SOURCES = ("sharegpt", "sharegpt_followups")
@@ -61,18 +61,6 @@ class Phases:
             for r in self.rows
         ]
         return "\n".join(lines + [f"{'total':<34} {sum(r['seconds'] for r in self.rows):>8.1f}"])
-
-
-def unanswered(convs: list, output: Path, greedy: bool) -> int:
-    """Conversations a regenerate of ``convs`` into ``output`` would still answer (greedy: one of each prompt)."""
-    done, seen, left = done_ids(output), set(), 0
-    for conv in convs:
-        key = prompt_key(conv)
-        if greedy and key in seen:
-            continue
-        seen.add(key)
-        left += record_id(conv) not in done
-    return left
 
 
 def carried(source: Path | None, output: Path) -> None:

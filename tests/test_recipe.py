@@ -7,7 +7,7 @@ import json
 import pytest
 
 from launch import recipe
-from trainer.regenerate import record_id
+from trainer.regenerate import record_id, unanswered
 
 
 def test_phases_are_kept_as_they_end_and_tabled(tmp_path):
@@ -27,10 +27,10 @@ def _conv(text: str) -> list[dict]:
 def test_what_is_left_to_answer_counts_done_ids_and_greedy_repeats(tmp_path):
     convs = [_conv("a"), _conv("b"), _conv("a"), _conv("c")]
     out = tmp_path / "answered.jsonl"
-    assert recipe.unanswered(convs, out, greedy=True) == 3  # the repeat of "a" comes out of the first
-    assert recipe.unanswered(convs, out, greedy=False) == 4  # sampled: each is answered
+    assert unanswered(convs, out, greedy=True) == 3  # the repeat of "a" comes out of the first
+    assert unanswered(convs, out, greedy=False) == 4  # sampled: each is answered
     out.write_text(json.dumps({"id": record_id(convs[0]), "messages": []}) + "\n")
-    assert recipe.unanswered(convs, out, greedy=True) == 2
+    assert unanswered(convs, out, greedy=True) == 2
 
 
 def test_earlier_answers_are_carried_in_once(tmp_path):

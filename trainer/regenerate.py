@@ -194,6 +194,22 @@ def regenerate_batch(
         wave += 1
 
 
+def first_of_each_prompt(convs: Sequence[Conversation], pending: Sequence[int]) -> list[int]:
+    """Greedy: of ``pending`` (indices into ``convs``), those whose prompt turns no earlier conversation
+    has (a repeated prompt would give the very same conversation)."""
+    first: dict[str, int] = {}
+    for k, conv in enumerate(convs):
+        first.setdefault(prompt_key(conv), k)
+    return [k for k in pending if first[prompt_key(convs[k])] == k]
+
+
+def unanswered(convs: Sequence[Conversation], output: Path, greedy: bool) -> int:
+    """Conversations ``regenerate`` would still answer into ``output``."""
+    done = done_ids(output)
+    pending = [k for k, conv in enumerate(convs) if record_id(conv) not in done]
+    return len(first_of_each_prompt(convs, pending) if greedy else pending)
+
+
 def regenerate(
     convs: Sequence[Conversation],
     backend: Backend,
@@ -212,11 +228,8 @@ def regenerate(
     ids = [record_id(c) for c in convs]
     report = RegenReport(records=len(convs), skipped_done=sum(i in done for i in ids))
     pending = [k for k, i in enumerate(ids) if i not in done]
-    if settings.temperature == 0:  # greedy: a repeated prompt would give the very same conversation
-        first = {}
-        for k, conv in enumerate(convs):
-            first.setdefault(prompt_key(conv), k)
-        unique = [k for k in pending if first[prompt_key(convs[k])] == k]
+    if settings.temperature == 0:
+        unique = first_of_each_prompt(convs, pending)
         report.same_prompts, pending = len(pending) - len(unique), unique
     # similar lengths share a chunk: less left padding, and the waves end together
     todo = sorted(pending, key=lambda k: (len(convs[k]), sum(len(m["content"]) for m in convs[k])))
