@@ -253,8 +253,8 @@ def speculative_setting(args: argparse.Namespace) -> tuple[int, int, int | None]
     for ``--concurrency`` (said on stderr), else a chain of DEFAULT_SPECULATIVE_TOKENS."""
     given = (args.num_steps, args.topk, args.num_draft_tokens)
     if args.draft is None or args.engine != "sglang" or any(v is not None for v in given):
-        steps, topk = args.num_steps or DEFAULT_SPECULATIVE_TOKENS, args.topk or 1
-        return steps, topk, args.num_draft_tokens
+        steps = DEFAULT_SPECULATIVE_TOKENS if args.num_steps is None else args.num_steps
+        return steps, 1 if args.topk is None else args.topk, args.num_draft_tokens
     choice = serving_choice(args.draft, args.concurrency)
     if choice is None:
         return DEFAULT_SPECULATIVE_TOKENS, 1, None

@@ -39,6 +39,7 @@ from serving.speedup_report import (
     SERVING_FILE,
     analyse,
     best_by_concurrency,
+    check_counters,
     compact,
     cost_model,
     describe,
@@ -206,6 +207,8 @@ def run_grid(bench: Bench, names: list[str], results_path: Path, decode, runner=
             write_json(results_path, data)
             continue
         run["process_s"] = time.perf_counter() - start
+        if name != PLAIN:
+            check_counters(name, run)
         data["runs"][name] = compact(run, data["runs"].get(PLAIN), decode)
         data["failed"].pop(name, None)
         write_json(results_path, data)
@@ -220,7 +223,7 @@ def summarise(data: dict, results_path: Path, export_dir: Path) -> str:
     data |= {"rows": rows, "best": best, "cost_model": cost_model(rows)}
     write_json(results_path, data)
     if best:
-        device = data["runs"][PLAIN].get("device")
+        device = data["runs"][PLAIN]["device"]
         write_json(
             export_dir / SERVING_FILE,
             {"engine": "sglang", "measured_by": "python -m serving.speedup", "results": str(results_path), "device": device}

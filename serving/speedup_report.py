@@ -75,7 +75,7 @@ def level_stats(level: dict) -> dict:
     verified = [r for r in reqs if r["verify_ct"]]
     if verified:
         steps = sum(r["verify_ct"] for r in verified)
-        hist = [sum(h) for h in zip(*(r["histogram"] or [0] for r in verified))]
+        hist = [sum(h) for h in zip(*(r["histogram"] for r in verified))]
         stats |= {
             "tau": sum(r["tokens"] for r in verified) / steps,
             "tau_se": ratio_se([(r["tokens"], r["verify_ct"]) for r in verified]),
@@ -109,6 +109,19 @@ def divergences(plain: list[dict], other: list[dict], decode) -> list[dict]:
                 }
             )
     return out
+
+
+def check_counters(name: str, run: dict) -> None:
+    """ValueError when a draft setting's engine left a request of more than its first token without
+    SGLang's speculative counters (it would drop out of τ unseen)."""
+    for set_name, levels in run["sets"].items():
+        for c, level in levels.items():
+            for i, r in enumerate(level["requests"]):
+                if r["tokens"] > 1 and (r["verify_ct"] is None or r["histogram"] is None):
+                    raise ValueError(
+                        f"setting {name}, {set_name} at concurrency {c}, prompt {i}: SGLang reported no speculative counters "
+                        f"(spec_verify_ct, spec_correct_drafts_histogram) for a request of {r['tokens']} tokens"
+                    )
 
 
 def compact(run: dict, plain: dict | None, decode) -> dict:

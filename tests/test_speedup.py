@@ -212,11 +212,14 @@ def test_inputs_are_refused_before_an_engine_starts(tmp_path, capsys):
 
 def test_the_trainer_refuses_the_phase_it_cannot_run_before_anything_starts(tmp_path):
     from tests.tiny import tiny_config
+    from trainer.preflight import check_inputs
     from trainer.speedup_phase import check_speedup
 
     check_speedup(tiny_config())  # off by default
     with pytest.raises(ValueError, match="trainer.speedup.enabled: the speedup is measured in SGLang on a CUDA GPU"):
         check_speedup(tiny_config("trainer.speedup.enabled=true"))
+    with pytest.raises(ValueError, match="trainer.speedup.enabled: the speedup is measured in SGLang on a CUDA GPU"):
+        check_inputs(tiny_config("trainer.speedup.enabled=true"), tmp_path)  # with the run's other inputs, before anything starts
     with pytest.raises(ValueError, match="config trainer.speedup.settings: 6/1/8: a chain"):
         tiny_config("trainer.speedup.settings=[6/1/8]")
 
@@ -224,6 +227,7 @@ def test_the_trainer_refuses_the_phase_it_cannot_run_before_anything_starts(tmp_
 def test_the_trainer_summary_shows_the_measured_speedup(tmp_path, monkeypatch):
     from tests.tiny import tiny_config
     from trainer import speedup_phase
+    from trainer.report.card import add_speedup
     from trainer.report.report import speedup_figures
 
     def measured(argv):
@@ -239,6 +243,7 @@ def test_the_trainer_summary_shows_the_measured_speedup(tmp_path, monkeypatch):
     export.mkdir(parents=True)
     (export / "README.md").write_text("# card\n")
     entry = speedup_phase.measure_speedup(cfg, export, tmp_path / "target", tmp_path)["speedup"]
+    add_speedup(export, entry)
     card = (export / "README.md").read_text()
     assert card.startswith("# card\n") and "- concurrency 1: 5/4/8 (steps/topk/draft tokens), 2.25x the target alone" in card
     assert entry["exit_code"] == 1 and entry["failed"] == ["8/8/64"]
@@ -283,3 +288,20 @@ def test_the_engine_options_of_a_job():
     assert (tree["speculative_num_steps"], tree["speculative_eagle_topk"], tree["speculative_num_draft_tokens"]) == (5, 4, 8)
     out = {"output_ids": [5, 6, 2], "meta_info": {"completion_tokens": 3, "spec_verify_ct": 2, "spec_correct_drafts_histogram": [1, 1]}}
     assert request_record(0.5, out) == {"latency_s": 0.5, "tokens": 3, "verify_ct": 2, "histogram": [1, 1], "output_ids": [5, 6, 2]}
+
+
+def test_a_draft_request_without_speculative_counters_is_an_error_not_a_gap_in_tau(tmp_path):
+    def runner(job, log_path, timeout_s, name):
+        run = stand_in([])(job, log_path, timeout_s, name)
+        if name != PLAIN:
+            run["sets"]["code"]["4"]["requests"][3]["verify_ct"] = None
+        return run
+
+    with pytest.raises(ValueError, match="setting 6/1/7, code at concurrency 4, prompt 3: SGLang reported no speculative counters"):
+        run_grid(_bench(tmp_path), ["6/1/7"], tmp_path / "s.json", _decode, runner)
+    assert list(json.loads((tmp_path / "s.json").read_text())["runs"]) == [PLAIN]  # nothing of the setting kept
+
+
+def test_serving_launch_refuses_zero_steps_rather_than_defaulting(tmp_path, capsys):
+    with pytest.raises(ValueError, match="must be >= 1"):
+        launch_main(["--engine", "sglang", "--target", str(tmp_path), "--num-steps", "0"])

@@ -41,8 +41,9 @@ from trainer.components import (
 from trainer.config import Config
 from trainer.dist import Parallel, init_parallel, resolve_device, shared_run_dir, synchronize
 from trainer.preflight import check_inputs
+from trainer.report.card import add_speedup
 from trainer.report.report import REPORT_DIR, REPORT_FILE, format_summary, run_summary, write_report
-from trainer.speedup_phase import check_speedup, measure_speedup
+from trainer.speedup_phase import measure_speedup
 from trainer.stream.feature_stream import EngineError, open_feature_stream
 from trainer.ttt import TTTOutput, draft_step
 
@@ -183,7 +184,6 @@ def run(cfg: Config, run_dir: Path) -> dict:
     run_dir, is_main = run_dir / cfg.trainer.output_dir, os.environ.get("RANK", "0") == "0"
     try:
         check_inputs(cfg, run_dir / CHECKPOINTS)  # before DeepSpeed and the target start: a wrong path is an error in a second
-        check_speedup(cfg)
         par = init_parallel(resolve_device(cfg.trainer.device))
         run_dir, is_main = shared_run_dir(run_dir), par.is_main
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -193,6 +193,7 @@ def run(cfg: Config, run_dir: Path) -> dict:
         trainer.close()
         if par.is_main:
             summary |= measure_speedup(cfg, Path(summary["export_dir"]), trainer.built.target.path, run_dir)
+            add_speedup(Path(summary["export_dir"]), summary.get("speedup", {}))
         signals.enter(REPORT)
         summary |= {"summary_path": str(run_dir / "summary.json"), "report": str(run_dir / REPORT_DIR / REPORT_FILE)}
         if par.is_main:

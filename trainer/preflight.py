@@ -1,5 +1,6 @@
 """A run's inputs checked before anything heavy starts (DeepSpeed, the target's weights): every
-path the config names exists and is what its key says, so a typo costs a second, not a start-up.
+path the config names exists and is what its key says, so a typo costs a second, not a start-up;
+and with ``trainer.speedup.enabled``, that the speedup phase can run here (a CUDA GPU, SGLang).
 
 ``check_inputs`` raises ``ValueError`` naming the key and the path; it reads no more than the
 target's and the initial draft's ``config.json`` and the first bytes of each data file.
@@ -16,6 +17,7 @@ from trainer.config import Config, DataConfig
 from trainer.data.chat import read_chat_template
 from trainer.data.files import data_files, local_path
 from trainer.data.sources import CORPUS_FORMATS
+from trainer.speedup_phase import check_speedup, prompt_files
 
 
 def check_inputs(cfg: Config, ckpt_root: Path) -> None:
@@ -29,6 +31,9 @@ def check_inputs(cfg: Config, ckpt_root: Path) -> None:
     for path in cfg.data.heldout_prompt_files:
         check_prompt_file("data.heldout_prompt_files", path)
     resume_path(cfg.trainer.resume, ckpt_root)
+    check_speedup(cfg)
+    for path in prompt_files(cfg) if cfg.trainer.speedup.enabled else ():
+        check_prompt_file("trainer.speedup.prompts_files", path)
 
 
 def check_target_path(path: str | None) -> None:

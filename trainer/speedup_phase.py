@@ -16,7 +16,6 @@ import torch
 
 from serving.speedup import main as speedup_main
 from trainer.config import Config
-from trainer.report.card import CARD_FILE
 
 RESULTS_FILE = "speedup.json"
 
@@ -31,7 +30,8 @@ def prompt_files(cfg: Config) -> list[str]:
 
 
 def check_speedup(cfg: Config) -> None:
-    """ValueError naming the key when the phase is on but cannot run."""
+    """ValueError naming the key when the phase is on but cannot run on this machine or target (its prompt
+    files are checked with the run's other inputs, ``trainer.preflight``)."""
     if not cfg.trainer.speedup.enabled:
         return
     off = "set trainer.speedup.enabled=false to train without it"
@@ -41,12 +41,8 @@ def check_speedup(cfg: Config) -> None:
         raise ValueError(f"config trainer.speedup.enabled: SGLang is not installed (pip install 'streamdraft[sglang]'); {off}")
     if cfg.target.path is not None and Path(cfg.target.path).is_file():
         raise ValueError(f"config target.path: SGLang serves a transformers dir, not the file {cfg.target.path}; {off}")
-    files = prompt_files(cfg)
-    if not files:
+    if not prompt_files(cfg):
         raise ValueError("config trainer.speedup.prompts_files: no prompt file (nor trainer.eval_prompts_file, data.heldout_prompt_files)")
-    for f in files:
-        if not Path(f).is_file():
-            raise ValueError(f"config trainer.speedup.prompts_files: {f} does not exist")
 
 
 def measure_speedup(cfg: Config, export_dir: Path, target_dir: Path, run_dir: Path) -> dict:
@@ -59,17 +55,5 @@ def measure_speedup(cfg: Config, export_dir: Path, target_dir: Path, run_dir: Pa
     argv += ["--settings", *sc.settings, "--concurrency", *map(str, sc.concurrency), "--max-new-tokens", str(sc.max_new_tokens)]
     code = speedup_main(argv)
     data = json.loads(results.read_text()) if results.is_file() else {}
-    best = data.get("best", {})
-    card = export_dir / CARD_FILE
-    if best and card.is_file():  # the export's model card gains what was measured
-        with card.open("a", encoding="utf-8") as f:
-            f.write("\n".join(speedup_card(best, results)) + "\n")
-    return {"speedup": {"results": str(results), "exit_code": code, "best": best, "failed": sorted(data.get("failed", {}))}}
-
-
-def speedup_card(best: dict, results: Path) -> list[str]:
-    """The model card's lines for the measured best setting per concurrency."""
-    lines = ["", "## Speedup in SGLang (serving.speedup)", ""]
-    for c, b in best.items():
-        lines.append(f"- concurrency {c}: {b['setting']} (steps/topk/draft tokens), {b['speedup']:.2f}x the target alone")
-    return lines + [f"- every setting measured: `{results}`; `serving.launch --draft` uses the best (`serving.json`)"]
+    best, failed = data.get("best", {}), sorted(data.get("failed", {}))
+    return {"speedup": {"results": str(results), "exit_code": code, "best": best, "failed": failed}}

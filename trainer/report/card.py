@@ -125,3 +125,16 @@ def _measured(served: dict, export_dir: Path, built: Built, prompts_file: Path) 
     if (export_dir / SPEEDUP_FILE).is_file():
         lines.append(f"- serving speedup: `{SPEEDUP_FILE}` in this dir")
     return lines
+
+
+def add_speedup(export_dir: Path, speedup: dict) -> None:
+    """The export's card gains the measured best setting per concurrency (``summary["speedup"]``, trainer.speedup)."""
+    card = export_dir / CARD_FILE
+    if not speedup.get("best") or not card.is_file():
+        return
+    lines = ["", "## Speedup in SGLang (serving.speedup)", ""]
+    for c, b in speedup["best"].items():
+        lines.append(f"- concurrency {c}: {b['setting']} (steps/topk/draft tokens), {b['speedup']:.2f}x the target alone")
+    lines.append(f"- every setting measured: `{speedup['results']}`; `serving.launch --draft` uses the best (`serving.json`)")
+    with card.open("a", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
