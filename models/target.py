@@ -78,7 +78,7 @@ def _architecture(model: PreTrainedModel) -> str:
     return archs[0] if archs else type(model).__name__
 
 
-def _resolve_path(path: str | Path) -> tuple[Path, str | None]:
+def resolve_target_path(path: str | Path) -> tuple[Path, str | None]:
     """(directory to load from, GGUF file name or None) for a local model dir or .gguf file."""
     path = Path(path).expanduser()
     if not path.exists():
@@ -104,7 +104,7 @@ def _from_pretrained(what: str, path: str | Path, load):
 
 def load_tokenizer(path: str | Path):
     """The tokenizer (with its chat template) of a local transformers dir or ``.gguf`` file."""
-    directory, gguf_file = _resolve_path(path)
+    directory, gguf_file = resolve_target_path(path)
     kwargs = {"gguf_file": gguf_file} if gguf_file is not None else {}
     return _from_pretrained("tokenizer", path, lambda: AutoTokenizer.from_pretrained(directory, local_files_only=True, **kwargs))
 
@@ -145,7 +145,7 @@ class HFTargetEngine:
         dtype: torch.dtype = torch.float32,
     ) -> "HFTargetEngine":
         """Load a local transformers dir or ``.gguf`` file (dequantised); never touches a hub."""
-        directory, gguf_file = _resolve_path(path)
+        directory, gguf_file = resolve_target_path(path)
         kwargs = {"gguf_file": gguf_file} if gguf_file is not None else {}
         model = _from_pretrained(
             "model", path, lambda: AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True, **kwargs)

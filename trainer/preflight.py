@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from models.target import resolve_target_path
 from models.target_config import read_text_config
 from serving.formats import CONFIG_FILE, WEIGHTS_FILE, read_config_file
 from trainer import checkpoint as ckpt
@@ -40,15 +41,10 @@ def check_target_path(path: str | None) -> None:
     """``target.path``: a transformers dir whose ``config.json`` reads, or a ``.gguf`` file (None: the embedded default)."""
     if path is None:
         return
-    resolved = Path(path).expanduser()
-    if not resolved.exists():
-        raise ValueError(f"config target.path: {path} does not exist")
-    if resolved.is_file():
-        if resolved.suffix != ".gguf":
-            raise ValueError(f"config target.path: {path} is a file but not a .gguf; pass a transformers model dir or a .gguf file")
-        return
     try:
-        read_text_config(resolved)
+        directory, gguf_file = resolve_target_path(path)  # what loading it will resolve
+        if gguf_file is None:
+            read_text_config(directory)
     except ValueError as e:
         raise ValueError(f"config target.path: {e}") from None
 
