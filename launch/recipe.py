@@ -145,6 +145,7 @@ def training_figures(run: Path) -> dict:
     """What the training process's summary and its speedup results say of its parts."""
     summary = json.loads((run / "summary.json").read_text())
     figures = {"train_s": round(summary["train_time_s"], 1), "steps": summary["steps"], "trainer_wall_s": round(summary["wall_time_s"], 1)}
+    figures |= {"phases_s": {k: round(v, 1) for k, v in summary["phase_s"].items()}, "engine_start_s": round(summary["engine_start_s"], 1)}
     results = run / "speedup.json"
     if results.is_file():
         runs = json.loads(results.read_text())["runs"]

@@ -46,7 +46,9 @@ def test_earlier_answers_are_carried_in_once(tmp_path):
 
 
 def test_training_figures_split_the_speedup_from_the_training(tmp_path):
-    (tmp_path / "summary.json").write_text(json.dumps({"train_time_s": 540.04, "steps": 4000, "wall_time_s": 610.0}))
+    phases = {"start-up": 20.04, "training": 541.0}
+    summary = {"train_time_s": 540.04, "steps": 4000, "wall_time_s": 610.0, "phase_s": phases, "engine_start_s": 41.26}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
     runs = {"plain": {"process_s": 60.0, "start_s": 40.0}, "6/1/7": {"process_s": 80.0, "start_s": 55.0}}
     (tmp_path / "speedup.json").write_text(json.dumps({"runs": runs}))
     figures = recipe.training_figures(tmp_path)
@@ -54,6 +56,8 @@ def test_training_figures_split_the_speedup_from_the_training(tmp_path):
         "train_s": 540.0,
         "steps": 4000,
         "trainer_wall_s": 610.0,
+        "phases_s": {"start-up": 20.0, "training": 541.0},
+        "engine_start_s": 41.3,
         "speedup_s": 140.0,
         "speedup_engine_starts_s": 95.0,
         "speedup_settings": 2,

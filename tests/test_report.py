@@ -207,6 +207,8 @@ def test_format_summary_lists_figures_and_paths():
     assert "export (vllm)" in piped and "/runs/a/export_vllm" in piped and "PASS (sglang: OK, vllm: OK)" in piped
     with pytest.raises(ValueError, match="missing export_dir"):
         format_summary({k: v for k, v in SUMMARY.items() if k != "export_dir"})
+    timed = format_summary(SUMMARY | {"phase_s": {"start-up": 20.04, "training": 541.0}, "engine_start_s": 41.26})
+    assert re.search(r"\nwall time by phase +start-up 20\.0 s; training 541\.0 s \(engine process start 41\.3 s of them\)\n", timed)
 
 
 def test_panels_say_what_they_show(run_dir):

@@ -349,3 +349,19 @@ def test_the_draft_mlp_width_is_the_configured_one(tmp_path):
         assert [g.out_features for g in gates] == [96]  # one decoder layer; the target's MLP is 1536 wide
     finally:
         trainer.close()
+
+
+def test_stop_signals_time_each_phase_across_switches(monkeypatch):
+    clock = iter([2.0, 5.0, 6.0, 10.0, 11.5])
+    monkeypatch.setattr(components.time, "perf_counter", lambda: next(clock))
+    signals = components.StopSignals(since=0.0)  # start-up from t=0
+    signals.enter(components.TRAINING)  # t=2
+    signals.switch(components.PERIODIC_EVAL)  # t=5
+    signals.switch(components.TRAINING)  # t=6
+    signals.enter(components.END_EVAL)  # t=10
+    assert signals.phase_seconds() == {  # t=11.5
+        components.STARTUP: 2.0,
+        components.TRAINING: 7.0,
+        components.PERIODIC_EVAL: 1.0,
+        components.END_EVAL: 1.5,
+    }

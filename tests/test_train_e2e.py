@@ -14,6 +14,7 @@ from models.target import HFTargetEngine
 from serving.export import load_export
 from serving.verify import verify_export
 from tests.tiny import ROOT, tiny_config
+from trainer.components import PHASES, STARTUP, TRAINING
 from trainer.loop import run
 
 
@@ -85,3 +86,6 @@ def test_serve_eval_off_exports_and_verifies_without_decoding_and_says_so(tmp_pa
     card = (tmp_path / "export" / "sglang" / "README.md").read_text()  # a card beside the files engines read
     assert "- τ: not measured (off (trainer.serve_eval=false)" in card and "1 optimizer steps of 1 (" in card
     assert verify_export(tmp_path / "export" / "sglang", "sglang").ok and verify_export(tmp_path / "export" / "vllm", "vllm").ok
+    phases = summary["phase_s"]  # the phases in the order the run entered them, each timed
+    assert tuple(phases) == PHASES and min(phases.values()) >= 0 and phases[STARTUP] > 0
+    assert phases[TRAINING] >= summary["train_time_s"] and summary["engine_start_s"] == 0.0  # in-process: no engine process

@@ -269,12 +269,25 @@ class StopSignals:
     phase: str = STARTUP
     received: str | None = None
     previous: dict = field(default_factory=dict)  # the handlers ``install`` replaced
+    seconds: dict[str, float] = field(default_factory=dict)  # phase -> wall seconds spent in it so far
+    since: float = field(default_factory=time.perf_counter)  # when the current phase was entered
 
     def enter(self, phase: str) -> None:
         """Begin ``phase``; Stop if a signal came while training deferred it."""
-        self.phase = phase
+        self.switch(phase)
         if self.received is not None:
             raise Stop()
+
+    def switch(self, phase: str) -> None:
+        """Begin ``phase``, adding the wall time since the last switch to the phase it ends."""
+        now = time.perf_counter()
+        self.seconds[self.phase] = self.seconds.get(self.phase, 0.0) + now - self.since
+        self.phase, self.since = phase, now
+
+    def phase_seconds(self) -> dict[str, float]:
+        """Each phase's wall seconds so far, the current one up to now, in the order the run entered them."""
+        self.switch(self.phase)
+        return dict(self.seconds)
 
     def install(self) -> None:
         """Make SIGTERM / SIGINT stop the run."""
@@ -376,9 +389,9 @@ class Validator:
         """Between steps (minutes): a stop signal ends it, and the run, at once."""
         if not self.should_validate():
             return
-        self.signals.phase = PERIODIC_EVAL
+        self.signals.switch(PERIODIC_EVAL)
         served, progress = self.serve_eval(), self.metrics.progress()
-        self.signals.phase = TRAINING
+        self.signals.switch(TRAINING)
         self.metrics.log(metrics_only(served) | progress, self.metrics.state.step)
 
     def serve_eval(self) -> dict:

@@ -195,6 +195,7 @@ def run(cfg: Config, run_dir: Path) -> dict:
             summary |= measure_speedup(cfg, Path(summary["export_dir"]), trainer.built.target.path, run_dir)
             add_speedup(Path(summary["export_dir"]), summary.get("speedup", {}))
         signals.enter(REPORT)
+        summary |= {"phase_s": signals.phase_seconds(), "engine_start_s": trainer.target_source.start_s}
         summary |= {"summary_path": str(run_dir / "summary.json"), "report": str(run_dir / REPORT_DIR / REPORT_FILE)}
         if par.is_main:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -71,6 +71,7 @@ def key_figures(summary: dict) -> list[tuple[str, str]]:
         ("stopped by", summary.get("stopped_by")),
         ("trainer ranks", summary.get("ranks")),
         ("wall time", None if summary.get("wall_time_s") is None else f"{summary['wall_time_s']:.1f} s"),
+        ("wall time by phase", _phases(summary)),
         ("held-out sim. accept length", _accept(summary)),
         ("real accept length τ (bonus incl.)", _tau(evals)),
         ("teacher-forced acc_0, those answers", evals.get(M.EVAL_TF_ACC0)),
@@ -81,6 +82,16 @@ def key_figures(summary: dict) -> list[tuple[str, str]]:
         ("resumed from", summary.get("resumed_from")),
     ]
     return [(k, fmt(v)) for k, v in rows if v is not None] + speedup_figures(summary.get("speedup") or {})
+
+
+def _phases(summary: dict) -> str | None:
+    """Each phase's seconds (``summary["phase_s"]``), the engine's start inside the phase that started it."""
+    phases = summary.get("phase_s")
+    if not phases:
+        return None
+    parts = [f"{name} {seconds:.1f} s" for name, seconds in phases.items()]
+    start = summary.get("engine_start_s")
+    return "; ".join(parts) + (f" (engine process start {start:.1f} s of them)" if start else "")
 
 
 def speedup_figures(speedup: dict) -> list[tuple[str, str]]:

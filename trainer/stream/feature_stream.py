@@ -217,6 +217,7 @@ class TargetSource:
         self.factory, self._engine = factory, engine
         self._info = info if info is not None or engine is None else engine.info  # None: nothing to compare with
         self._process: EngineProcess | None = None
+        self.start_s = 0.0  # wall seconds spent starting engine processes (every start of this source)
 
     def inprocess(self, device: torch.device) -> FeatureEngine:
         if self._engine is None:
@@ -236,7 +237,9 @@ class TargetSource:
                     f"a stream asked for {device} with {cfg.slots} x {cfg.slot_tokens}: close the source first"
                 )
             return process
+        started = time.perf_counter()
         self._process = EngineProcess(self.factory, device, cfg.slots, cfg.slot_tokens, cfg.start_timeout_s, cfg.wait_timeout_s)
+        self.start_s += time.perf_counter() - started
         if self._info is not None:
             self._check_same_target(self._info, self._process.info)
         return self._process
