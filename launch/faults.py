@@ -582,7 +582,8 @@ def oom_pool(s: Settings, base: Future | None = None) -> FaultResult:
 
 
 def oom_fraction(s: Settings, base: Future | None = None) -> FaultResult:
-    """engine.sglang.mem_fraction_static=0.99 with the pool unpinned: SGLang's KV pool takes the GPU from the trainer."""
+    """engine.sglang.mem_fraction_static=0.99 with the pool unpinned, which would let SGLang's KV pool take the GPU
+    from the trainer: refused before any engine starts, naming the key and a value that fits."""
     t0, run_dir = time.monotonic(), s.out / "oom_fraction" / "run"
     leg = s.trainer(run_dir, ["engine.sglang.mem_fraction_static=0.99", "engine.sglang.max_total_tokens=null"])
     r = FaultResult("oom_fraction", "engine.sglang.mem_fraction_static=0.99, max_total_tokens=null", ok=False)
@@ -591,8 +592,10 @@ def oom_fraction(s: Settings, base: Future | None = None) -> FaultResult:
     r.message = r.message or [line for _, line in leg.lines[-12:]]
     r.message_s = None if seen is None else seen - leg.started
     trained = max(logged_losses(run_dir), default=0)
-    r.lost, r.details = f"{trained} steps trained before it stopped", {"trained": trained}
-    r.ok = r.exit_code not in (0, None) and trained == 0 and seen is not None
+    engines = [p for p in leg.seen if "spawn_main" in cmdline(p)]
+    r.lost, r.details = f"{trained} steps trained before it stopped", {"trained": trained, "engine_processes_started": len(engines)}
+    named = any("engine.sglang.mem_fraction_static=" in m and "or less" in m for m in r.message)
+    r.ok = r.exit_code == 1 and trained == 0 and not engines and named
     return _ended(r, t0, [leg.pid, *leg.seen])
 
 

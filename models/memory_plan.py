@@ -224,11 +224,12 @@ def transformers_config(config: dict):
     return AutoConfig.for_model(kind, **{k: v for k, v in text.items() if k != "quantization_config"})
 
 
-def draft_counts(config, num_aux: int, draft_vocab: int) -> DraftCounts:
-    """The draft the trainer builds for ``config`` (a transformers config), counted on the meta device."""
+def draft_counts(config, num_aux: int, draft_vocab: int, intermediate_size: int | None = None) -> DraftCounts:
+    """The draft the trainer builds for ``config`` (a transformers config; ``intermediate_size``: the
+    draft's MLP width, default the target's), counted on the meta device."""
     from models.draft import Eagle3Draft, draft_shape_for
 
-    shape = draft_shape_for(config, num_aux, draft_vocab)
+    shape = draft_shape_for(config, num_aux, draft_vocab, intermediate_size)
     with torch.device("meta"):
         draft = Eagle3Draft(shape)
     trainable = sum(p.numel() for p in draft.parameters() if p.requires_grad)
@@ -266,6 +267,12 @@ def draft_activation_bytes(d: DraftCounts, tokens: int) -> float:
     width_8b = ttt_width(m["hidden"], m["intermediate"], m["heads"] * m["head_dim"], m["kv_heads"] * m["head_dim"], m["draft_vocab"])
     width = ttt_width(d.hidden, d.intermediate, d.q_width, d.kv_width, d.draft_vocab)
     return (m["peak_bytes"] - states_8b) * tokens / m["tokens"] * width / width_8b
+
+
+def draft_trainer_bytes(d: DraftCounts, tokens: int) -> float:
+    """est.: a draft trainer's peak on one GPU for batches of ``tokens``: bf16 weights, fp32 master and Adam
+    states and bf16 gradients of the trainable part (16 bytes a parameter), the bf16 embedding, the activations."""
+    return d.trainable * 16 + d.frozen * BF16 + draft_activation_bytes(d, tokens)
 
 
 # --------------------------------------------------------------------------- the plan

@@ -19,6 +19,7 @@ from trainer.config import Config
 from trainer.data import EncodedSample, MixLoader, read_chat_template, token_batches
 from trainer.dist import Parallel
 from trainer.draft_init import InitialDraft, initial_draft
+from trainer.engine_memory import check_engine_memory
 from trainer.flops import device_peak_tflops
 from trainer.preflight import resume_path
 from trainer.schedule import RunClock, draft_optimizer, lr_factor
@@ -92,6 +93,7 @@ def build(cfg: Config, par: Parallel, ckpt_root: Path) -> Built:
     if cfg.data.chat_template is not None:  # the data and the serving eval render with it
         head.tokenizer.chat_template = read_chat_template(cfg.data.chat_template)
     configured = draft_shape_for(head.config, len(ids), cfg.draft.vocab_size, cfg.draft.intermediate_size)
+    check_engine_memory(cfg, head.config, len(ids), par.device)  # before DeepSpeed and the engine take the GPU
     init = initial_draft(cfg.draft, head, configured)  # draft.init_from, checked against this target and config
     shape = init.shape if init else configured
     identity = RunIdentity(cfg, head.info, shape, ckpt.tensor_digest(head.embed_weight), dtype, par.world)
