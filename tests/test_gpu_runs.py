@@ -1,7 +1,9 @@
 """launch/gpu_runs.py on the CPU: the exact commands of each sequence (a fake runner), a failed command stopping
-its sequence, the real runner's logs, the study's split, the dp analysis against the stored device outputs."""
+its sequence, the real runner's logs, the study's split, the dp analysis against the stored device outputs, and
+launch/device_run.sh handing every subcommand it documents to the program."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,8 @@ from launch import gpu_runs
 from launch.gpu_runs import PYTHON, Step
 
 ROOT = Path(__file__).resolve().parents[1]
+DEVICE_RUN = ROOT / "launch" / "device_run.sh"
+SHELL = ("setup-sglang", "setup-deps", "setup-gguf", "bg", "collect")  # the subcommands the shell itself runs
 DP_RUNS = ROOT / "docs" / "device_runs"
 GPU_MARK = "mark." + "gpu"  # spelled apart: this file marks no gpu test
 
@@ -319,6 +323,33 @@ def test_dp_summary_compares_two_ranks_with_one_gpu():
     assert summary["sglang-compare"]["speedup_vs_one_gpu"] == pytest.approx(1.728, abs=1e-3)
     assert summary["sglang-compare"]["speedup_vs_one_gpu_run"] > 1.5
     assert summary["sglang-one"]["steps"] == 40 and summary["sglang-two"]["stall_share_per_rank"][1] == pytest.approx(0.0204, abs=1e-4)
+
+
+def documented_subcommands() -> list[str]:
+    """The subcommands device_run.sh's header documents (``#   launch/device_run.sh NAME ...``)."""
+    return re.findall(r"^#\s+launch/device_run\.sh ([a-z0-9-]+)", DEVICE_RUN.read_text(), flags=re.M)
+
+
+def test_every_subcommand_device_run_documents_is_the_shells_or_the_programs():
+    names = documented_subcommands()
+    assert len(names) == len(set(names)) == 13
+    assert set(names) == set(SHELL) | set(gpu_runs.SEQUENCES)
+    arms = re.findall(r"^([a-z0-9|*-]+)\)$", DEVICE_RUN.read_text(), flags=re.M)
+    assert arms == [*SHELL, "*"]  # the rest goes to the program
+
+
+def test_device_run_hands_the_other_subcommands_to_the_program_as_given(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python3"
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    fake.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    done = subprocess.run(
+        ["bash", str(DEVICE_RUN), "dp", "/c d", "sglang-two", "--steps", "3"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["launch/gpu_runs.py", "dp", "/c d", "sglang-two", "--steps", "3"]
 
 
 def test_the_program_runs_as_a_script():
