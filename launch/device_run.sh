@@ -15,13 +15,15 @@
 #                                                   # and its sampled ones)
 #   launch/device_run.sh recipe CORPORA_DIR [ARGS]  # launch/recipe.py (ARGS are its own): generation, training and
 #                                                   # the speedup, each phase timed; --recipe NAME: its results dir
+#                                                   # (/tmp/res/NAME, default recipe)
 #   launch/device_run.sh baseline CORPORA_DIR       # the embedded default recipe, tau on the same held-out files
 #   launch/device_run.sh study CORPORA_DIR          # data size x LR regime on --recipe NAME's answers (waits for them);
 #                                                   # --steps, --parallel (on each device), --devices, --threads
 #   launch/device_run.sh genbench                   # generation speeds (transformers, SGLang; 1-4 replicas; --variants)
 #   launch/device_run.sh faults [ARGS]              # launch/faults.py (docs/RELIABILITY.md): faults on purpose, SGLang
 #   launch/device_run.sh gputests                   # the whole gpu marker, one pytest a file (two GPUs for the
-#                                                   # tensor-parallel tests; -k EXPR: a part of it)
+#                                                   # tensor-parallel tests; -k EXPR: a part of it; --keep-going:
+#                                                   # the files after a failed one too)
 #   launch/device_run.sh dp CORPORA_DIR [RUN...]    # one GPU vs two data-parallel ranks (tokens/s, losses, stall per
 #                                                   # rank), both engines, on --recipe NAME's answers; RUN: some of the
 #                                                   # runs (default all); --steps, --dir (results dir), --trainer-args
