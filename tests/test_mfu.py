@@ -6,10 +6,10 @@ import pytest
 
 from tests.tiny import tiny_config
 from trainer.components import Window
+from trainer.data_setup import train_batcher
 from trainer.flops import H200_BF16_PEAK_TFLOPS, device_peak_tflops, flops_per_token
 from trainer.loop import Trainer
 from trainer.report import metrics as M
-from trainer.sources import train_batcher
 
 
 def test_peak_is_the_config_value_else_the_h200_on_cuda_else_none():

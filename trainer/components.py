@@ -31,7 +31,7 @@ from trainer.flops import flops_per_token, mfu
 from trainer.report import metrics as M
 from trainer.report.card import write_cards
 from trainer.schedule import RunClock
-from trainer.sources import with_eval_target
+from trainer.target_setup import with_eval_target
 from trainer.ttt import TTTOutput, simulated_accept_length
 
 STARTUP, UNTRAINED_EVAL, TRAINING = "start-up", "untrained-draft eval", "training"
