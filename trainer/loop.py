@@ -18,21 +18,13 @@ from serving.prompts import write_prompt_file
 from trainer import checkpoint as ckpt
 from trainer.build import build, eval_batches
 from trainer.components import (
-    END_EVAL,
     EVAL_PROMPTS_FILE,
-    REPORT,
-    SERVING_EVAL,
-    SPEEDUP,
-    TRAINING,
-    UNTRAINED_EVAL,
     Checkpointer,
     Counters,
     MetricsLog,
     NonFinite,
     StepEnd,
     StepStats,
-    Stop,
-    StopSignals,
     TimeCap,
     Validator,
     Window,
@@ -40,6 +32,7 @@ from trainer.components import (
 )
 from trainer.config import Config
 from trainer.dist import Parallel, init_parallel, resolve_device, shared_run_dir, synchronize
+from trainer.phases import END_EVAL, REPORT, SERVING_EVAL, SPEEDUP, TRAINING, UNTRAINED_EVAL, Stop, StopSignals
 from trainer.preflight import check_inputs
 from trainer.report.card import add_speedup
 from trainer.report.report import REPORT_DIR, REPORT_FILE, format_summary, run_summary, write_report
