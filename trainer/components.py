@@ -27,9 +27,10 @@ from trainer.build import Built
 from trainer.config import Config
 from trainer.dist import Parallel, all_agree, all_reduce_scalar
 from trainer.flops import flops_per_token, mfu
+from trainer.metrics_sink import MetricsSink
+from trainer.model_card import write_cards
 from trainer.phases import PERIODIC_EVAL, TRAINING, Stop, StopSignals
 from trainer.report import metrics as M
-from trainer.report.card import write_cards
 from trainer.schedule import RunClock
 from trainer.target_setup import with_eval_target
 from trainer.ttt import TTTOutput, simulated_accept_length
@@ -158,7 +159,7 @@ class MetricsLog:
         the wandb run id: the sink's on rank 0, ``wandb_id`` elsewhere."""
         if not self.par.is_main:
             return wandb_id
-        self.sink = M.MetricsSink(cfg.wandb, run_dir, asdict(cfg), wandb_id, self.state.step if resumed else None)
+        self.sink = MetricsSink(cfg.wandb, run_dir, asdict(cfg), wandb_id, self.state.step if resumed else None)
         return self.sink.run.id
 
     def finish(self, summary: dict | None = None, exit_code: int = 0) -> None:
