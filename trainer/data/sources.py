@@ -33,6 +33,7 @@ import yaml
 
 from serving.jsonl import RawRecord
 from trainer.data.conversation import (
+    ON_ERROR,
     Conversation,
     MalformedRecord,
     normalise,
@@ -45,8 +46,7 @@ from trainer.data.files import data_files, hf_disk_rows, local_path, read_file
 from trainer.data.stats import DatasetStats
 
 CORPUS_FORMATS = {"sharegpt_wheel": "sharegpt", "evals": "evals", "codeio": "codeio"}  # format -> corpus (trainer/data/corpora.py)
-FORMATS = ("chatterbot", "sharegpt", "ultrachat", "openai", "hf_disk", *CORPUS_FORMATS)
-ON_ERROR = ("raise", "skip")
+FORMATS = ("chatterbot", "sharegpt", "ultrachat", "openai", "hf_disk", *CORPUS_FORMATS)  # what read_source reads (data.sources.NAME.format)
 Parser = Callable[[object, str], Conversation]
 PARSERS: dict[str, Parser] = {"sharegpt": parse_sharegpt, "ultrachat": parse_messages, "openai": parse_messages}
 
