@@ -214,8 +214,8 @@ def check_resume(cfg: Config, path: Path, now: dict) -> None:
         raise ValueError(
             f"cannot resume from {path}, it differs from this run:\n  "
             + "\n  ".join(diffs)
-            + "\n(resume with the checkpoint's values; trainer.resume_allow=[data] or [schedule] "
-            "permits a deliberate change of data or schedule)"
+            + f"\n(resume with the checkpoint's values; trainer.resume_allow={' or '.join(f'[{k}]' for k in ckpt.CHANGEABLE)} "
+            f"permits a deliberate change of {' or '.join(ckpt.CHANGEABLE)})"
         )
 
 

@@ -17,8 +17,11 @@ from omegaconf.errors import MissingMandatoryValue
 
 from serving.formats import DEFAULT_SPECULATIVE_TOKENS
 from serving.speedup import DEFAULT_CONCURRENCY, DEFAULT_SETTINGS, parse_setting
+from trainer.checkpoint import CHANGEABLE
 from trainer.data import FORMATS, ON_ERROR, OVERLONG
 from trainer.data.sources import CORPUS_FORMATS
+from trainer.schedule import SCHEDULES
+from trainer.stream.feature_stream import MODES
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -132,7 +135,7 @@ class DataConfig:
 
 @dataclass
 class ScheduleConfig:
-    name: str = "cosine"  # cosine | constant | wsd (warmup, constant, linear decay over the run's last decay_ratio)
+    name: str = "cosine"  # the LR's shape after the warmup: a name of trainer.schedule.SCHEDULES (conf/schedule/NAME.yaml)
     lr: float = 1e-4  # the peak learning rate (AdamW)
     warmup_ratio: float = 0.015  # the share of the run with a linear warmup
     min_lr_ratio: float = 0.0  # the floor of the cosine and wsd decays, as a fraction of lr
@@ -141,7 +144,7 @@ class ScheduleConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW betas
 
     def __post_init__(self) -> None:
-        _require(self.name in ("cosine", "constant", "wsd"), "schedule.name", f"{self.name!r} is not cosine, constant or wsd")
+        _require(self.name in SCHEDULES, "schedule.name", f"unknown schedule {self.name!r} (known: {', '.join(SCHEDULES)})")
         _require(self.lr > 0, "schedule.lr", "must be positive")
         _require(0 <= self.warmup_ratio < 1, "schedule.warmup_ratio", "must be in [0, 1)")
         _require(0 <= self.min_lr_ratio <= 1, "schedule.min_lr_ratio", "must be in [0, 1]")
@@ -173,7 +176,7 @@ class SGLangConfig:
 @dataclass
 class EngineConfig:
     name: str = "hf"  # hf: transformers | sglang: SGLang (engine.sglang; colocated mode only)
-    mode: str = "inprocess"  # inprocess: target in the trainer's process | colocated: an engine process per device (docs/STREAM.md)
+    mode: str = "inprocess"  # where the target runs: a name of trainer.stream.feature_stream.MODES (docs/STREAM.md)
     slots: int = 3  # colocated: feature ring slots; the engine runs up to slots - 1 batches ahead
     slot_tokens: Optional[int] = None  # colocated: tokens (B x T) a slot holds; conf/engine sets ${data.max_tokens}
     start_timeout_s: float = 900.0  # colocated: time the engine process may take to build its target
@@ -182,7 +185,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _require(self.name in ("hf", "sglang"), "engine.name", f"unknown engine {self.name!r} (known: hf, sglang)")
-        _require(self.mode in ("inprocess", "colocated"), "engine.mode", f"unknown mode {self.mode!r} (known: inprocess, colocated)")
+        _require(self.mode in MODES, "engine.mode", f"unknown mode {self.mode!r} (known: {', '.join(MODES)})")
         if self.name == "sglang":
             _require(
                 self.sglang is not None, "engine.sglang", "engine sglang needs its settings: select engine=sglang (conf/engine/sglang.yaml)"
@@ -254,7 +257,7 @@ class TrainConfig:
     checkpoint_every: Optional[int] = None  # optimizer steps between checkpoints; epochs always end with one
     keep_last: int = 2  # complete checkpoints kept
     resume: Optional[str] = None  # auto: newest checkpoint of this run dir; or a checkpoint / run dir path
-    resume_allow: list[str] = field(default_factory=list)  # deliberate changes on resume: data, schedule
+    resume_allow: list[str] = field(default_factory=list)  # deliberate changes on resume: names of trainer.checkpoint.CHANGEABLE
     on_nan: str = "stop"  # non-finite loss or gradient: stop (keep the last checkpoint) | skip the batch
     eval_prompts: int = 16  # held-out prompts decoded speculatively at each export (real acceptance length)
     eval_prompts_file: Optional[str] = None  # a prompt jsonl (serving/prompts.py) instead of the held-out conversations
@@ -278,8 +281,8 @@ class TrainConfig:
         _require(
             self.serve_eval_max_gb is None or self.serve_eval_max_gb > 0, "trainer.serve_eval_max_gb", "must be positive (null: no limit)"
         )
-        bad = sorted(set(self.resume_allow) - {"data", "schedule"})
-        _require(not bad, "trainer.resume_allow", f"{bad} cannot change on resume (allowed: data, schedule)")
+        bad = sorted(set(self.resume_allow) - set(CHANGEABLE))
+        _require(not bad, "trainer.resume_allow", f"{bad} cannot change on resume (allowed: {', '.join(CHANGEABLE)})")
         _require(self.max_steps is None or self.max_steps >= 1, "trainer.max_steps", "must be >= 1")
         _require(self.max_time_s is None or self.max_time_s > 0, "trainer.max_time_s", "must be positive")
         _require(self.device in ("auto", "cpu", "cuda"), "trainer.device", f"{self.device!r} is not auto, cpu or cuda")
