@@ -1,4 +1,4 @@
-"""Time the trainer's data preparation (``trainer.sources.prepare_data``: read, split, leak
+"""Time the trainer's data preparation (``trainer.data_setup.prepare_data``: read, split, leak
 check, chat template, tokens and loss masks) for a config, as a run would do it.
 
     python launch/bench_prepare.py --out prepare.json -- +experiment=h200_quality data=openai \\
@@ -27,7 +27,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from models.embedded import embedded_target_dir  # noqa: E402
 from models.target import load_tokenizer  # noqa: E402
 from trainer.config import register_schema, to_config  # noqa: E402
-from trainer.sources import prepare_data  # noqa: E402
+from trainer.data_setup import prepare_data  # noqa: E402
 
 
 def digest(samples) -> str:

@@ -8,7 +8,7 @@ Writes a Llama-3.1-8B-shaped checkpoint (hidden 4096, intermediate 14336, 32/8 h
 sharded safetensors with a ``model.safetensors.index.json`` (``--shard-gb`` a shard), plus a
 small word-level tokenizer, into a temporary dir (removed after, unless ``--keep``; or reuse
 ``--dir``). Fewer layers keep the embedding and lm_head (2 x 1.05 GB) and shrink only the
-decoder. Then, each in a fresh subprocess, measures what ``trainer.sources.load_target``
+decoder. Then, each in a fresh subprocess, measures what ``trainer.target_setup.load_target``
 does per ``engine.mode``:
 
 - ``whole``: ``HFTargetEngine.from_path`` + the tokenizer: the whole transformers model, what

@@ -39,7 +39,7 @@ TRAIN=("$PY" -m deepspeed.launcher.runner --num_gpus 2 --no_local_rank launch/tr
 VERIFY=("$PY" -m serving.verify "$OUT/run/export/sglang" --engine sglang --target "$T")
 # the trainer on this checkout: does load_target read the head by name, or load the whole target?
 TRAINER_TARGET=()
-grep -q "TargetHead" trainer/sources.py || TRAINER_TARGET=(--hf-target-in-trainer)
+grep -q "TargetHead" trainer/target_setup.py || TRAINER_TARGET=(--hf-target-in-trainer)
 
 if [ "$DRY" = --dry ]; then
   "$PY" launch/kimi_reduced.py "$T" --layers "$LAYERS" --experts "$EXPERTS"

@@ -143,12 +143,12 @@ def base_overrides(args: argparse.Namespace, with_synthetic: bool) -> list[str]:
 
 def base_size(overrides: list[str]) -> int:
     """Training conversations of the base source under ``overrides``: read and split exactly as
-    the trainer does (``trainer.sources``), capped by ``data.max_conversations``."""
+    the trainer does (``trainer.data_setup``), capped by ``data.max_conversations``."""
     from hydra import compose, initialize_config_dir
 
     from trainer.config import register_schema, to_config
     from trainer.data import read_source
-    from trainer.sources import Holdout
+    from trainer.data_setup import Holdout
 
     register_schema()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

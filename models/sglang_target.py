@@ -48,7 +48,7 @@ class SGLangTarget:
     """The recipe of one tensor-parallel rank of a target in SGLang (``SGLangTargetEngine``, docs/SGLANG.md).
 
     The ``tp_size`` engine processes of a group (consecutive local ranks) each hold one of these
-    with their own ``tp_rank`` and the group's ``dist_port``; ``trainer.sources.sglang_recipe``
+    with their own ``tp_rank`` and the group's ``dist_port``; ``trainer.target_setup.sglang_recipe``
     derives both from the config and the local rank.
     """
 

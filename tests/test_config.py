@@ -1,15 +1,20 @@
 """Every recipe composes; wrong keys and values fail with a message naming them."""
 
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
+from trainer.checkpoint import CHANGEABLE
 from trainer.config import Config, ScheduleConfig, register_schema, to_config
-from trainer.schedule import draft_optimizer, lr_factor, warmup_steps
+from trainer.data import FORMATS, ON_ERROR, OVERLONG
+from trainer.schedule import SCHEDULES, draft_optimizer, lr_factor, warmup_steps
+from trainer.stream.feature_stream import MODES
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
@@ -103,6 +108,37 @@ def test_wsd_schedule_and_the_time_budget():
     assert lr_factor(cosine, 10, total, time_frac=1.0) == pytest.approx(0.0, abs=1e-12)
     assert lr_factor(cosine, 10, total, time_frac=0.5) == pytest.approx(lr_factor(cosine, 100, total), abs=0.01)
     assert all(lr_factor(_compose("schedule=constant").schedule, 10, total, time_frac=f) == 1.0 for f in (0.5, 1.0))
+
+
+def test_a_schedule_is_one_function_and_one_yaml(tmp_path, monkeypatch):
+    """Each conf/schedule yaml names a function of SCHEDULES and each function has its yaml; a new
+    schedule needs nothing else (config.py checks schedule.name against SCHEDULES, lr_factor calls it)."""
+    named = {yaml.safe_load(p.read_text())["name"]: p.stem for p in (CONF / "schedule").glob("*.yaml")}
+    assert named == {name: name for name in SCHEDULES}
+    conf = shutil.copytree(CONF, tmp_path / "conf")
+    (conf / "schedule" / "half.yaml").write_text("name: half\nwarmup_ratio: 0.0\n")
+    monkeypatch.setitem(SCHEDULES, "half", lambda cfg, done, start: 0.5)
+    register_schema()
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        half = to_config(compose(config_name="config", overrides=["schedule=half"])).schedule
+    assert [lr_factor(half, step, 10) for step in (0, 9)] == [0.5, 0.5]
+
+
+@pytest.mark.parametrize(
+    "override, known",
+    [
+        ("data.sources.chatterbot.format=csv", FORMATS),
+        ("data.overlong=cut", OVERLONG),
+        ("data.on_error=warn", ON_ERROR),
+        ("schedule.name=linear", tuple(SCHEDULES)),
+        ("engine.mode=remote", MODES),
+        ("trainer.resume_allow=[target]", CHANGEABLE),
+    ],
+)
+def test_each_choice_is_checked_against_the_list_beside_its_implementation(override, known):
+    with pytest.raises(ValueError) as err:
+        _compose(override)
+    assert ", ".join(known) in str(err.value)
 
 
 @pytest.mark.parametrize(

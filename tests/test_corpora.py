@@ -29,7 +29,7 @@ from trainer.data.corpora import (
 from trainer.data.corpora_select import LeakCheck, PromptFilter, PromptIndex, select, split_heldout
 from trainer.data.sources import read_source
 from trainer.data.split import split_holdout
-from trainer.sources import prepare_data
+from trainer.data_setup import prepare_data
 
 EN = [
     "How do I sort a list of dictionaries by a key in Python?",

@@ -12,8 +12,8 @@ from models.target import load_tokenizer
 from tests.tiny import tiny_config
 from trainer.config import DataConfig, DataSourceConfig
 from trainer.data import split_holdout
+from trainer.data_setup import prepare_data
 from trainer.loop import run
-from trainer.sources import prepare_data
 
 
 def _conversations(n: int, held: int, seed: int = 0) -> list[list[dict]]:

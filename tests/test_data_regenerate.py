@@ -12,6 +12,7 @@ from tests.tiny_generator import save_tiny_generator
 from trainer import regenerate as R
 from trainer.data import read_source
 from trainer.datagen import gen_backend as G
+from trainer.datagen.record_ids import done_ids, record_id
 
 CONVS = [
     [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}],
@@ -109,7 +110,7 @@ def test_regenerated_records_are_read_by_the_openai_source(generator, tmp_path):
     convs, stats = read_source("openai", out)
     assert stats.conversations == 5 and stats.malformed == 0
     for conv in CONVS:
-        record = records[R.record_id(conv)]
+        record = records[record_id(conv)]
         assert record["generation"]["engine"] == "hf" and record["generation"]["max_new_tokens"] == 6
         assert record["generation"]["finish"] == ["length"] * sum(m["role"] == "assistant" for m in conv)
         last = max(i for i, m in enumerate(conv) if m["role"] == "assistant")
@@ -164,7 +165,7 @@ def test_restart_skips_done_records_and_cuts_a_torn_line(generator, tmp_path):
     report = R.regenerate(CONVS, generator, out, SETTINGS, {}, progress=False)
     assert (report.skipped_done, report.written) == (3, 2)
     records = _lines(out)
-    assert sorted(r["id"] for r in records) == sorted(R.record_id(c) for c in CONVS)
+    assert sorted(r["id"] for r in records) == sorted(record_id(c) for c in CONVS)
     assert sorted(out.read_text().splitlines()) == sorted(complete.splitlines())  # greedy: the same records
     again = R.regenerate(CONVS, generator, out, SETTINGS, {}, progress=False)
     assert (again.skipped_done, again.written) == (5, 0)
@@ -174,7 +175,7 @@ def test_a_foreign_line_in_the_output_is_an_error(tmp_path):
     out = tmp_path / "mine.jsonl"
     out.write_text('{"id": "a", "messages": []}\n{"text": "not ours"}\n{"id": "b", "messages": []}\n')
     with pytest.raises(ValueError, match="mine.jsonl:2: not a regenerated record"):
-        R.done_ids(out)
+        done_ids(out)
 
 
 def test_done_ids_read_records_whose_text_holds_unicode_line_breaks(tmp_path):
@@ -182,7 +183,7 @@ def test_done_ids_read_records_whose_text_holds_unicode_line_breaks(tmp_path):
     out = tmp_path / "answered.jsonl"
     rows = [{"id": f"r{k}", "messages": [{"role": "assistant", "content": f"a{sep}b"}]} for k, sep in enumerate("\u2028\x85\x1c")]
     out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    assert R.done_ids(out) == {"r0", "r1", "r2"}
+    assert done_ids(out) == {"r0", "r1", "r2"}
 
 
 def test_cli_on_a_file_source(tiny_target, tmp_path):

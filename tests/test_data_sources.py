@@ -14,7 +14,7 @@ from models.target import load_tokenizer
 from trainer import data
 from trainer.config import DataConfig, DataSourceConfig, register_schema, to_config
 from trainer.data import DatasetStats
-from trainer.sources import prepare_data
+from trainer.data_setup import prepare_data
 
 # The expected conversations, and the same content in each schema.
 EXPECTED = [

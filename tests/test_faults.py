@@ -22,6 +22,7 @@ from tests.toy_target import ToyTarget, make_batches
 from trainer import build, components
 from trainer import regenerate as R
 from trainer.config import EngineConfig
+from trainer.datagen.record_ids import done_ids
 from trainer.loop import Trainer, run
 from trainer.stream import feature_stream
 from trainer.stream.engine_process import EngineError, EngineProcess
@@ -214,7 +215,7 @@ def test_the_answers_check_sees_a_torn_end_and_a_restart_cuts_it(tmp_path):
     out = tmp_path / "a.jsonl"
     out.write_text('{"id": "a", "messages": []}\n{"id": "b", "mess')
     assert F.answers_check(out) == {"lines": 1, "torn": True, "bad_lines": 0, "duplicates": 0}
-    R.done_ids(out)
+    done_ids(out)
     assert F.answers_check(out) == {"lines": 1, "torn": False, "bad_lines": 0, "duplicates": 0}
 
 

@@ -16,6 +16,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM  # noqa
 from models.target import load_tokenizer  # noqa: E402
 from trainer import regenerate as R  # noqa: E402
 from trainer.datagen import gen_backend as G  # noqa: E402
+from trainer.datagen.record_ids import record_id  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -116,7 +117,7 @@ def test_sglang_regenerates_resumably(sglang_backend, tmp_path):
     rest = R.regenerate(convs, sglang_backend, out, settings, R.generation_meta(sglang_backend, settings), progress=False)
     assert (rest.skipped_done, rest.written) == (2, 2)
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert sorted(r["id"] for r in records) == sorted(R.record_id(c) for c in convs)
+    assert sorted(r["id"] for r in records) == sorted(record_id(c) for c in convs)
     assert all(r["generation"]["engine"] == "sglang" and set(r["generation"]["finish"]) <= set(G.FINISHES) for r in records)
 
 

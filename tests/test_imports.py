@@ -1,4 +1,6 @@
-"""Imports flow one way: models <- serving <- trainer <- launch, and no two modules import each other.
+"""Imports flow one way: models <- serving <- trainer <- launch, no two modules import each other,
+and no two folders do either (a folder: a package or sub-package, its modules one node; the
+trainer's top-level modules are one node, ``trainer/data`` another).
 
 Every import statement of every module is read with ``ast`` (also those inside functions: a
 lazy import is still an arrow). ``python tests/test_imports.py [ROOT]`` prints the offences
@@ -98,6 +100,37 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def folder_of(module: str, path: Path) -> str:
+    """The package a module belongs to (a package's ``__init__`` is the package itself)."""
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def folder_imports(root: Path) -> dict[tuple[str, str], list[str]]:
+    """(folder, folder it imports) -> the module imports that make that arrow."""
+    modules = module_files(root)
+    folder = {module: folder_of(module, path) for module, path in modules.items()}
+    arrows: dict[tuple[str, str], list[str]] = {}
+    for module, targets in import_graph(root).items():
+        for target in sorted(targets):
+            if folder[target] != folder[module]:
+                arrows.setdefault((folder[module], folder[target]), []).append(f"{module} -> {target}")
+    return arrows
+
+
+def folder_graph(root: Path) -> dict[str, set[str]]:
+    """Folder -> the folders its modules import."""
+    graph: dict[str, set[str]] = {folder_of(m, p): set() for m, p in module_files(root).items()}
+    for source, target in folder_imports(root):
+        graph[source].add(target)
+    return graph
+
+
+def folder_cycle_imports(root: Path, cycle: list[str]) -> list[str]:
+    """The module imports between the folders of ``cycle``, the ones to move to break it."""
+    inside = set(cycle)
+    return [line for (a, b), lines in sorted(folder_imports(root).items()) if a in inside and b in inside for line in lines]
+
+
 def test_graph_reads_the_tree():
     graph = import_graph(ROOT)
     assert "trainer.build" in graph and "models.draft" in graph["trainer.build"]
@@ -109,6 +142,11 @@ def test_no_lower_package_imports_a_higher_one():
 
 def test_no_import_cycles():
     assert cycles(import_graph(ROOT)) == []
+
+
+def test_no_import_cycles_between_folders():
+    found = cycles(folder_graph(ROOT))
+    assert found == [], "\n".join(line for cycle in found for line in folder_cycle_imports(ROOT, cycle))
 
 
 def test_tests_import_launch_as_a_package():
@@ -133,6 +171,37 @@ def test_checks_catch_an_upward_import_and_a_cycle(tmp_path):
     assert cycles(graph) == [["serving.b", "serving.c"]]
 
 
+def test_the_folder_check_catches_a_loop_the_module_check_cannot_see(tmp_path):
+    """Two loops of folders through modules that form no module cycle: trainer/data -> trainer/datagen ->
+    trainer/data, and the trainer's top level -> trainer/report -> the top level."""
+    for path, source in {
+        "models/__init__.py": "",
+        "serving/__init__.py": "",
+        "launch/__init__.py": "",
+        "trainer/__init__.py": "",
+        "trainer/config.py": "",
+        "trainer/loop.py": "from trainer.report import card\n",
+        "trainer/data/__init__.py": "",
+        "trainer/data/dedup.py": "",
+        "trainer/data/select.py": "from trainer.datagen.filters import english\n",
+        "trainer/datagen/__init__.py": "",
+        "trainer/datagen/filters.py": "from trainer.data.dedup import words\n",
+        "trainer/report/__init__.py": "",
+        "trainer/report/card.py": "from trainer.config import Config\n",
+    }.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(source)
+    assert cycles(import_graph(tmp_path)) == []
+    found = cycles(folder_graph(tmp_path))
+    assert found == [["trainer", "trainer.report"], ["trainer.data", "trainer.datagen"]]
+    assert folder_cycle_imports(tmp_path, found[1]) == [
+        "trainer.data.select -> trainer.datagen.filters",
+        "trainer.datagen.filters -> trainer.data.dedup",
+    ]
+
+
 if __name__ == "__main__":
-    graph = import_graph(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT)
+    root = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT
+    graph, folder_loops = import_graph(root), cycles(folder_graph(root))
     print("\n".join(["upward:", *upward_imports(graph), "cycles:", *map(" <-> ".join, cycles(graph))]))
+    print("\n".join(["folder cycles:", *(f"{' <-> '.join(c)}: {'; '.join(folder_cycle_imports(root, c))}" for c in folder_loops)]))

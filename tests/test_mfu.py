@@ -6,10 +6,11 @@ import pytest
 
 from tests.tiny import tiny_config
 from trainer.components import Window
+from trainer.data_setup import train_batcher
 from trainer.flops import H200_BF16_PEAK_TFLOPS, device_peak_tflops, flops_per_token
 from trainer.loop import Trainer
+from trainer.metrics_sink import MetricsSink
 from trainer.report import metrics as M
-from trainer.sources import train_batcher
 
 
 def test_peak_is_the_config_value_else_the_h200_on_cuda_else_none():
@@ -21,7 +22,7 @@ def test_peak_is_the_config_value_else_the_h200_on_cuda_else_none():
 @pytest.mark.slow
 def test_trainer_logs_mfu_and_stall_per_step_from_the_benchmark_count(tmp_path):
     trainer = Trainer(tiny_config("trainer.max_steps=3", "trainer.peak_tflops=0.001"), tmp_path)
-    trainer.metrics.sink = M.MetricsSink(trainer.cfg.wandb, tmp_path, {})
+    trainer.metrics.sink = MetricsSink(trainer.cfg.wandb, tmp_path, {})
     trainer._train()
     trainer.metrics.finish(exit_code=0)
     rows = [json.loads(line) for line in (tmp_path / M.METRICS_FILE).read_text().splitlines()]

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from launch import recipe
-from trainer.regenerate import record_id, unanswered
+from trainer.datagen.record_ids import record_id
+from trainer.regenerate import unanswered
 
 
 def test_phases_are_kept_as_they_end_and_tabled(tmp_path):

@@ -16,7 +16,7 @@ import torch
 
 from tests.tiny import ROOT, TINY, tiny_config
 from trainer import checkpoint as ckpt
-from trainer import components, loop
+from trainer import components, loop, phases
 from trainer.loop import Trainer, run
 
 pytestmark = pytest.mark.slow
@@ -330,15 +330,13 @@ def test_a_signal_in_a_serving_eval_between_steps_stops_at_once(tmp_path, monkey
     monkeypatch.setattr(components, "export_verify_eval", interrupted)
     trainer.signals.install()
     try:
-        with pytest.raises(components.Stop):
+        with pytest.raises(phases.Stop):
             trainer.fit()
     finally:
         trainer.signals.restore()
-    assert trainer.state.step == 2 and trainer.signals.phase == components.PERIODIC_EVAL
+    assert trainer.state.step == 2 and trainer.signals.phase == phases.PERIODIC_EVAL
     message = trainer.signals.message(trainer.ckpt_root, tmp_path)
-    assert message.startswith(
-        f"stopped by SIGINT during the {components.PERIODIC_EVAL}: skipped the rest of the {components.PERIODIC_EVAL}; "
-    )
+    assert message.startswith(f"stopped by SIGINT during the {phases.PERIODIC_EVAL}: skipped the rest of the {phases.PERIODIC_EVAL}; ")
     assert "the rest of the training; end-of-run held-out eval" in message and "Checkpoint step 2 kept" in message
 
 
@@ -353,15 +351,15 @@ def test_the_draft_mlp_width_is_the_configured_one(tmp_path):
 
 def test_stop_signals_time_each_phase_across_switches(monkeypatch):
     clock = iter([2.0, 5.0, 6.0, 10.0, 11.5])
-    monkeypatch.setattr(components.time, "perf_counter", lambda: next(clock))
-    signals = components.StopSignals(since=0.0)  # start-up from t=0
-    signals.enter(components.TRAINING)  # t=2
-    signals.switch(components.PERIODIC_EVAL)  # t=5
-    signals.switch(components.TRAINING)  # t=6
-    signals.enter(components.END_EVAL)  # t=10
+    monkeypatch.setattr(phases.time, "perf_counter", lambda: next(clock))
+    signals = phases.StopSignals(since=0.0)  # start-up from t=0
+    signals.enter(phases.TRAINING)  # t=2
+    signals.switch(phases.PERIODIC_EVAL)  # t=5
+    signals.switch(phases.TRAINING)  # t=6
+    signals.enter(phases.END_EVAL)  # t=10
     assert signals.phase_seconds() == {  # t=11.5
-        components.STARTUP: 2.0,
-        components.TRAINING: 7.0,
-        components.PERIODIC_EVAL: 1.0,
-        components.END_EVAL: 1.5,
+        phases.STARTUP: 2.0,
+        phases.TRAINING: 7.0,
+        phases.PERIODIC_EVAL: 1.0,
+        phases.END_EVAL: 1.5,
     }

@@ -40,9 +40,9 @@ from serving.formats import FORMATS, ExportSpec
 from tests.sglang_tiny import is_layer, layer_errors, tiny_deepseek_v3_config
 from tests.tiny import tiny_config
 from trainer.dist import Parallel, free_port, group_port
-from trainer.sources import sglang_recipe, target_recipe
 from trainer.stream.engine_process import EngineError, failure_cause, failure_message
 from trainer.stream.feature_stream import TargetSource
+from trainer.target_setup import sglang_recipe, target_recipe
 
 KIMI = "KimiK25ForConditionalGeneration"
 KIMI_IDS = [1, 29, 57]  # list(AuxLayerIds.default(61).ids), conf/target/kimi_k25.yaml

@@ -227,7 +227,7 @@ def test_the_trainer_refuses_the_phase_it_cannot_run_before_anything_starts(tmp_
 def test_the_trainer_summary_shows_the_measured_speedup(tmp_path, monkeypatch):
     from tests.tiny import tiny_config
     from trainer import speedup_phase
-    from trainer.report.card import add_speedup
+    from trainer.model_card import add_speedup
     from trainer.report.report import speedup_figures
 
     def measured(argv):

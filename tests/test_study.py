@@ -17,10 +17,10 @@ from serving.prompts import read_prompt_file
 from tests.tiny import ROOT, TINY, tiny_config
 from trainer.config import DataConfig, DataSourceConfig, TrainConfig
 from trainer.data import first_prompt_key, read_chatterbot
+from trainer.data_setup import Holdout
 from trainer.loop import run
 from trainer.report import metrics as M
 from trainer.report.report import describe_eval_prompts
-from trainer.sources import Holdout
 
 CATS = ["food", "sports"]
 

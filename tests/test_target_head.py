@@ -190,7 +190,7 @@ def test_the_colocated_trainer_holds_no_target_model_and_trains_as_inprocess(tmp
 
 def test_the_eval_target_is_loaded_for_the_eval_only_and_freed(tmp_path, capsys):
     from trainer.config import TrainConfig
-    from trainer.sources import load_target, with_eval_target
+    from trainer.target_setup import load_target, with_eval_target
 
     saved_llama(tmp_path / "m")
     target = load_target(

@@ -14,8 +14,8 @@ from models.target import HFTargetEngine
 from serving.export import load_export
 from serving.verify import verify_export
 from tests.tiny import ROOT, tiny_config
-from trainer.components import PHASES, STARTUP, TRAINING
 from trainer.loop import run
+from trainer.phases import PHASES, STARTUP, TRAINING
 
 
 @pytest.mark.slow

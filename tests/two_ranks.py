@@ -14,7 +14,7 @@ import torch
 
 from tests.tiny import tiny_config
 from trainer import loop
-from trainer.sources import train_batcher
+from trainer.data_setup import train_batcher
 
 
 def draft_checksum(trainer: loop.Trainer) -> float:

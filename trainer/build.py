@@ -17,14 +17,15 @@ from serving.prompts import PromptSpec, distinct, prompts_from_conversations, re
 from trainer import checkpoint as ckpt
 from trainer.config import Config
 from trainer.data import EncodedSample, MixLoader, read_chat_template, token_batches
+from trainer.data_setup import PreparedData, prepare_data, train_batcher
 from trainer.dist import Parallel
 from trainer.draft_init import InitialDraft, initial_draft
 from trainer.engine_memory import check_engine_memory
 from trainer.flops import device_peak_tflops
 from trainer.preflight import resume_path
 from trainer.schedule import RunClock, draft_optimizer, lr_factor
-from trainer.sources import PreparedData, TargetBundle, load_target, prepare_data, target_recipe, train_batcher
 from trainer.stream.feature_stream import TargetSource
+from trainer.target_setup import TargetBundle, load_target, target_recipe
 from trainer.ttt import TargetLabeler, TTTObjective
 
 
@@ -215,8 +216,8 @@ def check_resume(cfg: Config, path: Path, now: dict) -> None:
         raise ValueError(
             f"cannot resume from {path}, it differs from this run:\n  "
             + "\n  ".join(diffs)
-            + "\n(resume with the checkpoint's values; trainer.resume_allow=[data] or [schedule] "
-            "permits a deliberate change of data or schedule)"
+            + f"\n(resume with the checkpoint's values; trainer.resume_allow={' or '.join(f'[{k}]' for k in ckpt.CHANGEABLE)} "
+            f"permits a deliberate change of {' or '.join(ckpt.CHANGEABLE)})"
         )
 
 

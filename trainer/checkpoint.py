@@ -29,8 +29,7 @@ VOCAB_FILE = "vocab_map.safetensors"
 STATE_TAG = "state"
 _NAME = re.compile(r"^step_(\d+)$")
 
-# Fingerprint fields a resume may change on purpose (trainer.resume_allow), and those it never may.
-CHANGEABLE = ("data", "schedule")
+CHANGEABLE = ("data", "schedule")  # the fingerprint's parts a resume may change on purpose (trainer.resume_allow)
 
 
 @dataclass

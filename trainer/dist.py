@@ -1,4 +1,5 @@
-"""Process-group set-up for DeepSpeed, handed around as a ``Parallel`` object.
+"""Process-group set-up for DeepSpeed, handed around as a ``Parallel`` object, and the collective
+helpers every rank calls (``all_reduce_scalar``, ``all_agree``, ``group_port``, ``shared_run_dir``).
 
 Under the ``deepspeed`` launcher the rank variables are set; a plain ``python -m trainer``
 runs as a world of one. On a machine without CUDA the DeepSpeed accelerator is the CPU
@@ -104,3 +105,15 @@ def shared_run_dir(run_dir: Path) -> Path:
     box = [str(run_dir)]
     torch.distributed.broadcast_object_list(box, src=0)
     return Path(box[0])
+
+
+def all_reduce_scalar(value: float, device: torch.device, op: torch.distributed.ReduceOp) -> float:
+    """``value`` reduced over every rank by ``op`` (every rank calls)."""
+    t = torch.tensor([value], device=device, dtype=torch.float64)
+    torch.distributed.all_reduce(t, op=op)
+    return t.item()
+
+
+def all_agree(ok: bool, device: torch.device) -> bool:
+    """True when ``ok`` holds on every rank (every rank calls)."""
+    return bool(all_reduce_scalar(1.0 if ok else 0.0, device, torch.distributed.ReduceOp.MIN))

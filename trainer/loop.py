@@ -18,21 +18,13 @@ from serving.prompts import write_prompt_file
 from trainer import checkpoint as ckpt
 from trainer.build import build, eval_batches
 from trainer.components import (
-    END_EVAL,
     EVAL_PROMPTS_FILE,
-    REPORT,
-    SERVING_EVAL,
-    SPEEDUP,
-    TRAINING,
-    UNTRAINED_EVAL,
     Checkpointer,
     Counters,
     MetricsLog,
     NonFinite,
     StepEnd,
     StepStats,
-    Stop,
-    StopSignals,
     TimeCap,
     Validator,
     Window,
@@ -40,9 +32,11 @@ from trainer.components import (
 )
 from trainer.config import Config
 from trainer.dist import Parallel, init_parallel, resolve_device, shared_run_dir, synchronize
+from trainer.model_card import add_speedup
+from trainer.phases import END_EVAL, REPORT, SERVING_EVAL, SPEEDUP, TRAINING, UNTRAINED_EVAL, Stop, StopSignals
 from trainer.preflight import check_inputs
-from trainer.report.card import add_speedup
-from trainer.report.report import REPORT_DIR, REPORT_FILE, format_summary, run_summary, write_report
+from trainer.report import metrics as M
+from trainer.report.report import REPORT_DIR, REPORT_FILE, format_summary, write_report
 from trainer.speedup_phase import measure_speedup
 from trainer.stream.feature_stream import EngineError, open_feature_stream
 from trainer.ttt import TTTOutput, draft_step
@@ -173,6 +167,31 @@ class Trainer:
         self.metrics.log(trained | progress, self.state.step)
         self.metrics.finish(summary)
         return summary
+
+
+def run_summary(trainer: Trainer, wall_s: float, untrained: dict | None, trained: dict, served: dict, progress: dict) -> dict:
+    """A finished run's ``summary.json``: what ``trainer`` trained, where it stopped, its evaluations and exports."""
+    state, b = trainer.state, trainer.built
+    return {
+        "steps": state.step,
+        "ranks": trainer.par.world,
+        "stopped_by": state.stopped_by(trainer.cfg.trainer.max_steps),
+        "wall_time_s": wall_s,
+        "train_time_s": state.train_s,
+        "tokens_seen": int(progress[M.TOKENS_SEEN]),
+        "eval_prompts": b.prompt_origin,
+        "resumed_from": str(b.resume_from) if b.resume_from else None,
+        "untrained_eval_sim_accept_len": untrained[M.EVAL_SIM_ACCEPT] if untrained else None,
+        "eval_sim_accept_len": trained[M.EVAL_SIM_ACCEPT],
+        "eval": trained,
+        "nonfinite_skipped": state.nonfinite,
+        "checkpoint": str(ckpt.latest(trainer.ckpt_root)),
+        "export_dir": served["export_dirs"]["sglang"],
+        "serve_eval": served["serve_eval"],
+        "export_dirs": served["export_dirs"],
+        "verify": served["verify"],
+        "data": trainer.data.report(),
+    }
 
 
 def run(cfg: Config, run_dir: Path) -> dict:

@@ -42,7 +42,6 @@ bit-identical to an uninterrupted one.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import time
@@ -69,6 +68,7 @@ from trainer.datagen.gen_backend import (  # noqa: E402
     generate_chats,
     resolve_engine,
 )
+from trainer.datagen.record_ids import done_ids, record_id  # noqa: E402
 from trainer.datagen.replicas import open_generator  # noqa: E402
 
 
@@ -98,37 +98,6 @@ class RegenReport:
 def prompt_key(conv: Conversation) -> str:
     """What greedy regeneration depends on: the non-assistant turns and where the assistant turns are."""
     return json.dumps([m["content"] if m["role"] != "assistant" else None for m in conv] + [m["role"] for m in conv], ensure_ascii=False)
-
-
-def record_id(conv: Conversation) -> str:
-    """A stable id of a source conversation: the digest of its messages."""
-    return hashlib.sha256(json.dumps(conv, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()[:20]
-
-
-def done_ids(output: Path) -> set[str]:
-    """Ids already in ``output``. A torn last line (a crash mid-write) is cut off the file; a
-    bad line anywhere else is an error naming file:line."""
-    if not output.exists():
-        return set()
-    data = output.read_bytes()
-    keep = len(data) if data.endswith(b"\n") or not data else data.rfind(b"\n") + 1
-    if keep < len(data):
-        with output.open("r+b") as f:
-            f.truncate(keep)
-    ids = set()
-    for lineno, line in enumerate(data[:keep].decode("utf-8").split("\n"), start=1):  # not splitlines: U+2028 is not a line end
-        if not line.strip():
-            continue
-        try:
-            rid = json.loads(line).get("id")
-        except (json.JSONDecodeError, AttributeError):
-            rid = None
-        if not isinstance(rid, str):
-            raise ValueError(
-                f"{output}:{lineno}: not a regenerated record (JSON object with an 'id'); remove it or choose another --output"
-            )
-        ids.add(rid)
-    return ids
 
 
 def prompt_conversations(path: Path, sources: Sequence[str] | None = None) -> tuple[list[Conversation], list[dict]]:

@@ -1,5 +1,6 @@
-"""The draft's optimizer (AdamW) and its learning-rate schedules: linear warmup, then cosine
-decay, a constant LR, or warmup-stable-decay (constant, then a linear fall over the run's end).
+"""The draft's optimizer (AdamW) and its learning-rate schedules: a linear warmup, then the shape
+``schedule.name`` names in ``SCHEDULES`` (cosine decay, a constant LR, or warmup-stable-decay).
+A new schedule is one function here and one ``conf/schedule/NAME.yaml``.
 
 A run's progress is the larger of its steps done and, under ``trainer.max_time_s``, its share of
 the time budget spent: a time-capped run ends its decay when its time ends, not at the step
@@ -9,10 +10,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable, Protocol
 
 import torch
 
-from trainer.config import ScheduleConfig
+
+class ScheduleSettings(Protocol):
+    """The fields of ``trainer.config.ScheduleConfig`` that the schedules and the optimizer read."""
+
+    name: str
+    lr: float
+    warmup_ratio: float
+    min_lr_ratio: float
+    decay_ratio: float
+    weight_decay: float
+    betas: list[float]
 
 
 @dataclass
@@ -28,29 +40,43 @@ class RunClock:
         return 0.0 if self.max_time_s is None else self.spent_s / self.max_time_s
 
 
-def warmup_steps(cfg: ScheduleConfig, total_steps: int) -> int:
+def warmup_steps(cfg: ScheduleSettings, total_steps: int) -> int:
     return math.ceil(cfg.warmup_ratio * total_steps)
 
 
-def lr_factor(cfg: ScheduleConfig, step: int, total_steps: int, time_frac: float = 0.0) -> float:
+def cosine(cfg: ScheduleSettings, done: float, start: float) -> float:
+    """Half a cosine from the end of the warmup (``start``, a share of the run) to the end, down to ``min_lr_ratio``."""
+    progress = max(0.0, done - start) / max(1e-12, 1.0 - start)
+    half = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * half
+
+
+def constant(cfg: ScheduleSettings, done: float, start: float) -> float:
+    """The peak LR to the end."""
+    return 1.0
+
+
+def wsd(cfg: ScheduleSettings, done: float, start: float) -> float:
+    """The peak LR, then a linear fall to ``min_lr_ratio`` over the run's last ``decay_ratio``."""
+    left = (1.0 - done) / cfg.decay_ratio  # 1 where the decay starts, 0 at the end
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * min(1.0, left)
+
+
+# schedule.name -> the multiplier of the peak LR after the warmup, at the run's progress ``done`` (0..1)
+SCHEDULES: dict[str, Callable[[ScheduleSettings, float, float], float]] = {"cosine": cosine, "constant": constant, "wsd": wsd}
+
+
+def lr_factor(cfg: ScheduleSettings, step: int, total_steps: int, time_frac: float = 0.0) -> float:
     """Multiplier of ``cfg.lr`` at optimizer step ``step`` (0-based) of ``total_steps``, with
     ``time_frac`` of the run's time budget spent."""
     warm = warmup_steps(cfg, total_steps)
     if step < warm:
         return (step + 1) / warm
-    if cfg.name == "constant":
-        return 1.0
     done = min(1.0, max(step / max(1, total_steps), time_frac))  # the run's progress
-    if cfg.name == "wsd":
-        left = (1.0 - done) / cfg.decay_ratio  # 1 where the decay starts, 0 at the end
-        return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * min(1.0, left)
-    start = warm / max(1, total_steps)
-    progress = max(0.0, done - start) / max(1e-12, 1.0 - start)
-    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
-    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * cosine
+    return SCHEDULES[cfg.name](cfg, done, warm / max(1, total_steps))
 
 
-def draft_optimizer(params: list[torch.nn.Parameter], cfg: ScheduleConfig, device: torch.device) -> torch.optim.AdamW:
+def draft_optimizer(params: list[torch.nn.Parameter], cfg: ScheduleSettings, device: torch.device) -> torch.optim.AdamW:
     """AdamW over the draft's trainable parameters: one fused kernel per step on a GPU (what
     launch/bench_throughput.py times), the per-parameter loop elsewhere."""
     fused = device.type == "cuda"

@@ -35,14 +35,15 @@ from typing import Sequence
 from serving.usage import PlainHelp
 from trainer.config import DataConfig, DataSourceConfig
 from trainer.data import FORMATS, read_chatterbot, read_source
+from trainer.data_setup import Holdout, chatterbot_languages_of
 from trainer.datagen.gen_backend import GenerationSettings
+from trainer.datagen.record_ids import record_id
 from trainer.datagen.replicas import open_generator
 from trainer.datagen.synth.filters import FilterSettings
 from trainer.datagen.synth.instructions import Example, Planner, examples_of
 from trainer.datagen.synth.pipeline import Synthesizer, SynthReport, SynthSettings
 from trainer.datagen.synth.seeds import CATEGORIES
-from trainer.regenerate import add_engine_arguments, engine_of, generation_meta, prompt_conversations, record_id, regenerate
-from trainer.sources import Holdout, chatterbot_languages_of
+from trainer.regenerate import add_engine_arguments, engine_of, generation_meta, prompt_conversations, regenerate
 
 
 def source_side(args: argparse.Namespace) -> tuple[tuple[Example, ...], list[tuple[str, str]], str]:

@@ -39,12 +39,11 @@ from trainer.data.chat import (
     read_chat_template,
     thinking_spans,
 )
-from trainer.data.conversation import ROLES, Conversation, MalformedRecord, UnknownRole, parse_messages, parse_sharegpt
+from trainer.data.conversation import ON_ERROR, ROLES, Conversation, MalformedRecord, UnknownRole, parse_messages, parse_sharegpt
 from trainer.data.loader import MixLoader
 from trainer.data.mix import Mix
 from trainer.data.sources import (
     FORMATS,
-    ON_ERROR,
     chatterbot_categories,
     chatterbot_conversations,
     chatterbot_languages,

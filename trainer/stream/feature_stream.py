@@ -44,7 +44,7 @@ from trainer.stream.feature_ring import Slot
 if TYPE_CHECKING:
     from models.target import TargetInfo
 
-MODES = ("inprocess", "colocated")
+MODES = ("inprocess", "colocated")  # engine.mode: the streams open_feature_stream opens
 
 
 def feature_stream(engine, batches: Iterable[TokenBatch], device: torch.device) -> Iterator[FeatureBatch]:

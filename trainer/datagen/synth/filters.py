@@ -4,13 +4,7 @@ Each check is a rule one can read and tune (``FilterSettings``):
 
 * **length**: ``min_chars`` <= characters <= ``max_chars`` and at least ``min_words`` words;
   a prompt the generator did not finish (cut by ``max_new_tokens``) is dropped here too.
-* **language** (English): at least ``min_ascii`` of its letters are ASCII letters, at least
-  ``min_stopwords`` of its words are common English function words (``STOPWORDS``: "what",
-  "is", "the", "you", ...), and it has more of those than of the commonest German, French,
-  Spanish, Italian and Dutch ones (``FOREIGN_STOPWORDS``: "der", "ist", "la", "est", "que",
-  ...). English questions and requests almost always have some; other languages and token
-  soup rarely do. It is a heuristic, not a language identifier: a terse English prompt with
-  no function word at all ("Recommend good sci-fi books") is dropped too.
+* **language**: English by ``trainer.data.english.is_english`` at ``min_ascii`` and ``min_stopwords``.
 * **refusal / meta-text**: the generator refused or talked about the task instead of writing
   a prompt: text that starts like an apology, a refusal or an acknowledgement ("I'm sorry",
   "As an AI", "I cannot help / write / ...", "Sure, ..."), or mentions the task anywhere
@@ -30,24 +24,10 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from trainer.data.dedup import shingles, words
+from trainer.data.english import is_english
 
 STAGES = ("length", "language", "refusal")  # the order the checks run in
 ECHO_SHARE = 0.5
-
-STOPWORDS = frozenset(
-    "a an the and or but if of to in on at for with about from by as into than then so "
-    "is are was were be been being am do does did have has had can could will would should may might must "
-    "i me my we our you your he she it its they them their this that these those there here "
-    "what which who whom whose when where why how not no yes all any some more most very just also".split()
-)
-
-FOREIGN_STOPWORDS = frozenset(
-    "der die das und ist nicht ein eine mit von zu ich sie wir ihr wie warum wo auch "
-    "le la les et est une des du pour pas sur dans qui je vous nous quoi pourquoi comment "
-    "el los las y es que por para del una con se lo como qué cuál dónde "
-    "il che di sono della per non gli perché dove "
-    "het een niet ik je wat waarom hoe".split()
-)
 
 _LABEL = re.compile(r"^(?:user|person|question|message|new message|prompt|request|q)\s*[:\-]\s*", re.IGNORECASE)
 _QUOTES = ('"', "'", "\u201c", "\u201d", "`")
@@ -94,22 +74,11 @@ def clean(text: str) -> str:
     return text
 
 
-def is_english(text: str, settings: FilterSettings) -> bool:
-    letters = [c for c in text if c.isalpha()]
-    if not letters or sum(c.isascii() for c in letters) < settings.min_ascii * len(letters):
-        return False
-    if settings.min_stopwords == 0:  # the function-word check is off
-        return True
-    w = words(text)
-    english = sum(x in STOPWORDS for x in w)
-    return english >= settings.min_stopwords * len(w) and english > sum(x in FOREIGN_STOPWORDS for x in w)
-
-
 def rejection(text: str, finished: bool, settings: FilterSettings) -> str | None:
     """The first check (``STAGES``) that ``text`` fails, or None when it is kept."""
     if not finished or not settings.min_chars <= len(text) <= settings.max_chars or len(words(text)) < settings.min_words:
         return "length"
-    if not is_english(text, settings):
+    if not is_english(text, settings.min_ascii, settings.min_stopwords):
         return "language"
     if _REFUSAL_START.match(text) or _META.search(text):
         return "refusal"

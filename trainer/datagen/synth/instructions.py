@@ -27,7 +27,7 @@ SHOT_REQUEST = "Write a message that someone could send to a chatbot."
 
 @dataclass(frozen=True)
 class Example:
-    id: str  # the source conversation's id (trainer.regenerate.record_id)
+    id: str  # the source conversation's id (trainer.datagen.record_ids.record_id)
     text: str  # its first user turn
     reply: str | None = None  # the assistant's answer to it, when a second user turn follows
     next: str | None = None  # that second user turn

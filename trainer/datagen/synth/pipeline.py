@@ -4,7 +4,7 @@ add follow-up turns, and write each batch; a restarted run resumes.
 Files: ``output`` holds the kept prompts, one record a line in the ``serving/prompts.py``
 format (``turns``) plus ``synthetic`` metadata; ``<output>.rejected.jsonl`` the dropped ones
 with the stage that dropped them. A job's id is ``synth-<index>``; a restart cuts a torn last
-line of either file (``trainer.regenerate.done_ids``), skips every job id already in one of
+line of either file (``trainer.datagen.record_ids.done_ids``), skips every job id already in one of
 them, re-indexes the kept prompts for near-duplicate search and counts on from the files.
 Sampling is seeded per batch (seed + first job index; with SGLang once, at engine start), so a
 resumed run is not bit-identical to an uninterrupted one. Generation goes through a
@@ -25,9 +25,9 @@ from tqdm import tqdm
 
 from trainer.data.dedup import NearDupIndex
 from trainer.datagen.gen_backend import Backend, GenerationSettings, generate_chats
+from trainer.datagen.record_ids import done_ids
 from trainer.datagen.synth.filters import STAGES, FilterSettings, clean, echoes, rejection
 from trainer.datagen.synth.instructions import Job, Planner, follow_up_request, job_id
-from trainer.regenerate import done_ids
 
 DUP_STAGES = ("near_dup_source", "near_dup_synthetic")  # a near-duplicate of a source prompt / of a kept synthetic one
 SOURCE_PREFIX = "source:"

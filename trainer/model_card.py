@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from serving.formats import read_export_config
+from trainer.build import Built
 from trainer.config import Config
 from trainer.report import metrics as M
-
-if TYPE_CHECKING:
-    from trainer.build import Built
 
 CARD_FILE = "README.md"
 SPEEDUP_FILE = "serving.json"  # a serving benchmark's result, when one was written into the export
