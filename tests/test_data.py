@@ -302,6 +302,25 @@ def test_conversations_encoded_together_equal_each_alone(tokenizer, english, mon
     assert together == [data.encode_conversation(tokenizer, c, max_len=4096) for c in convs]
 
 
+def test_a_tokenizer_pool_encodes_and_cuts_as_this_process_does(tokenizer, english, monkeypatch):
+    from trainer.data import tokenizer_pool
+
+    convs = english[0][:40]
+    monkeypatch.setattr(data.chat, "ENCODE_CHUNK", 7)
+    monkeypatch.setattr(tokenizer_pool, "PARALLEL_MIN", 10)  # these 40 go to the workers
+    serial, serial_stats = data.encode_conversations(tokenizer, convs, max_len=256)
+    cut, cut_count = data.cut_answers(tokenizer, convs, 8)
+    with tokenizer_pool.TokenizerPool(tokenizer, 2) as pool:
+        pooled, pooled_stats = data.encode_conversations(tokenizer, convs, max_len=256, pool=pool)
+        assert pool._pool is not None  # the workers did run
+        assert data.cut_answers(tokenizer, convs, 8, pool) == (cut, cut_count)
+        small = data.encode_conversations(tokenizer, convs[:9], max_len=256, pool=pool)[0]  # under PARALLEL_MIN: here
+    assert pooled == serial and pooled_stats == serial_stats and small == serial[:9]
+    assert cut_count > 0 and pool._pool is None  # closed
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        tokenizer_pool.TokenizerPool(tokenizer, 0)
+
+
 def test_trailing_user_turn_is_not_rendered(tokenizer):
     assert data.encode_conversation(tokenizer, CONV[:3], 4096) == data.encode_conversation(tokenizer, CONV[:2], 4096)
 

@@ -85,8 +85,12 @@ class DataConfig:
     on_error: str = "raise"  # a malformed record: a policy of trainer.data.conversation.ON_ERROR (raise naming file:line, or skip counted)
     chat_template: Optional[str] = None  # a Jinja chat template file, for a target whose tokenizer has none or the wrong one
     heldout_prompt_files: list[str] = field(default_factory=list)  # prompt files no training conversation may repeat (leak check)
+    encode_workers: Optional[int] = None  # processes that render and tokenize 4096 or more conversations; None: a core each, at most 16
 
     def __post_init__(self) -> None:
+        _require(
+            self.encode_workers is None or self.encode_workers >= 1, "data.encode_workers", "must be >= 1 (1: in the trainer's process)"
+        )
         for name, src in self.sources.items():
             key = f"data.sources.{name}"
             _require(src.format in FORMATS, f"{key}.format", f"unknown format {src.format!r} (known: {', '.join(FORMATS)})")

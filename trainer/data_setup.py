@@ -26,6 +26,7 @@ from trainer.data import (
     split_holdout,
 )
 from trainer.data.corpora_select import LeakCheck, first_user_turn, read_heldout_files
+from trainer.data.tokenizer_pool import TokenizerPool, default_workers
 
 
 @dataclass
@@ -172,7 +173,22 @@ def prepare_data(cfg: DataConfig, tokenizer, seed: int, eval_prompts_file: str |
     if not cfg.sources:
         raise ValueError("config data.sources: no source; select a data group (data=chatterbot, data=sharegpt, ...)")
     names = list(cfg.mix) if cfg.mix is not None else list(cfg.sources)
-    policy, holdout, leaks = mask_policy(cfg), Holdout.of(cfg, seed), leak_check(cfg, eval_prompts_file)
+    holdout = Holdout.of(cfg, seed)
+    with TokenizerPool(tokenizer, cfg.encode_workers or default_workers()) as pool:
+        train, held, held_convs_by_source, stats = _encode_sources(cfg, names, tokenizer, holdout, eval_prompts_file, pool)
+    check_split_sizes(cfg, holdout, train, held)
+    weights = dict(cfg.mix) if cfg.mix is not None else None
+    mix = Mix({n: len(train[n]) for n in names}, weights, seed, cfg.epoch_samples)
+    return PreparedData(
+        train=train, eval=held, eval_conversations=held_convs_by_source, stats=stats, mix=mix, heldout_rule=holdout.describe()
+    )
+
+
+def _encode_sources(
+    cfg: DataConfig, names: list[str], tokenizer, holdout: Holdout, eval_prompts_file: str | None, pool: TokenizerPool
+) -> tuple[dict, dict, dict, dict]:
+    """Each source read, split, leak-checked, cut and encoded: (train, held, held conversations, stats) by source."""
+    policy, leaks = mask_policy(cfg), leak_check(cfg, eval_prompts_file)
     train, held, held_convs_by_source, stats = {}, {}, {}, {}
     for name in names:
         src = cfg.sources[name]
@@ -182,18 +198,13 @@ def prepare_data(cfg: DataConfig, tokenizer, seed: int, eval_prompts_file: str |
             leaks.check(((str(i), first_user_turn(c)) for i, c in enumerate(train_convs)), f"data.sources.{name}: training conversation")
         train_convs, held_convs = train_convs[: cfg.max_conversations], held_convs[: cfg.max_eval_conversations]
         if cfg.answer_tokens is not None:
-            train_convs, read_stats.answers_cut = cut_answers(tokenizer, train_convs, cfg.answer_tokens)
-            held_convs, _ = cut_answers(tokenizer, held_convs, cfg.answer_tokens)
+            train_convs, read_stats.answers_cut = cut_answers(tokenizer, train_convs, cfg.answer_tokens, pool)
+            held_convs, _ = cut_answers(tokenizer, held_convs, cfg.answer_tokens, pool)
         train[name], stats[name] = encode_conversations(
-            tokenizer, train_convs, cfg.max_len, read_stats, overlong=cfg.overlong, policy=policy
+            tokenizer, train_convs, cfg.max_len, read_stats, overlong=cfg.overlong, policy=policy, pool=pool
         )
-        held[name], _ = encode_conversations(tokenizer, held_convs, cfg.max_len, overlong=cfg.overlong, policy=policy)
+        held[name], _ = encode_conversations(tokenizer, held_convs, cfg.max_len, overlong=cfg.overlong, policy=policy, pool=pool)
         held_convs_by_source[name] = held_convs
         if not train[name]:
             raise no_samples_error(name, src, stats[name], len(train_convs))
-    check_split_sizes(cfg, holdout, train, held)
-    weights = dict(cfg.mix) if cfg.mix is not None else None
-    mix = Mix({n: len(train[n]) for n in names}, weights, seed, cfg.epoch_samples)
-    return PreparedData(
-        train=train, eval=held, eval_conversations=held_convs_by_source, stats=stats, mix=mix, heldout_rule=holdout.describe()
-    )
+    return train, held, held_convs_by_source, stats

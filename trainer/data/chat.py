@@ -19,7 +19,6 @@ e.g. reasoning templates that strip past thinking); ``train_thinking=False`` rem
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -28,6 +27,7 @@ import numpy as np
 
 from trainer.data.conversation import Conversation, check_conversation, trainable
 from trainer.data.stats import DatasetStats
+from trainer.data.tokenizer_pool import TokenizerPool
 
 Span = tuple[int, int]  # [start, end) character offsets in the rendered text
 OVERLONG = ("truncate", "drop")
@@ -183,33 +183,55 @@ def encode_full(tokenizer, conv: Conversation, policy: MaskPolicy = MaskPolicy()
     return next(encode_many(tokenizer, [conv], policy))
 
 
-def encode_many(tokenizer, convs: Iterable[Conversation], policy: MaskPolicy = MaskPolicy()) -> Iterator[EncodedSample]:
-    """``encode_full`` of each conversation, in order; the texts go to the tokenizer
-    ``ENCODE_CHUNK`` at a time (one call encodes them on all cores)."""
-    convs = iter(convs)
-    while chunk := list(itertools.islice(convs, ENCODE_CHUNK)):
-        rendered = [assistant_spans(tokenizer, conv, policy.last_turn_only) for conv in chunk]
-        encoded = tokenizer([text for text, _ in rendered], return_offsets_mapping=True, add_special_tokens=False)
-        for (text, spans), ids, offsets in zip(rendered, encoded["input_ids"], encoded["offset_mapping"]):
-            yield _sample(text, spans, ids, offsets, policy)
+def _encode_chunk(tokenizer, chunk: list[Conversation], policy: MaskPolicy) -> list[EncodedSample]:
+    """``encode_full`` of each conversation of ``chunk``, its texts in one tokenizer call."""
+    rendered = [assistant_spans(tokenizer, conv, policy.last_turn_only) for conv in chunk]
+    encoded = tokenizer([text for text, _ in rendered], return_offsets_mapping=True, add_special_tokens=False)
+    return [
+        _sample(text, spans, ids, offsets, policy)
+        for (text, spans), ids, offsets in zip(rendered, encoded["input_ids"], encoded["offset_mapping"])
+    ]
 
 
-def cut_answers(tokenizer, convs: Sequence[Conversation], max_tokens: int) -> tuple[list[Conversation], int]:
+def _chunks(items: Sequence) -> list[list]:
+    return [list(items[i : i + ENCODE_CHUNK]) for i in range(0, len(items), ENCODE_CHUNK)]
+
+
+def encode_many(
+    tokenizer, convs: Sequence[Conversation], policy: MaskPolicy = MaskPolicy(), pool: TokenizerPool | None = None
+) -> Iterator[EncodedSample]:
+    """``encode_full`` of each conversation, in order; ``ENCODE_CHUNK`` conversations a tokenizer call,
+    the chunks spread over ``pool``'s workers when given."""
+    pool = pool or TokenizerPool(tokenizer, 1)
+    for samples in pool.map(_encode_chunk, ((chunk, policy) for chunk in _chunks(convs)), len(convs)):
+        yield from samples
+
+
+def _cut_chunk(tokenizer, texts: list[str], max_tokens: int) -> list[str | None]:
+    """Each text cut after its first ``max_tokens`` tokens, or None where it is not longer."""
+    offsets = tokenizer(texts, return_offsets_mapping=True, add_special_tokens=False)["offset_mapping"]
+    return [text[: spans[max_tokens - 1][1]] if len(spans) > max_tokens else None for text, spans in zip(texts, offsets)]
+
+
+def cut_answers(
+    tokenizer, convs: Sequence[Conversation], max_tokens: int, pool: TokenizerPool | None = None
+) -> tuple[list[Conversation], int]:
     """Each assistant message's content cut after its first ``max_tokens`` tokens (the message
     tokenized alone, no special tokens: the template's end-of-turn token then follows the cut);
-    the conversations and the number of messages cut. Other messages are kept as they are."""
+    the conversations and the number of messages cut. Other messages are kept as they are.
+    ``pool``: the tokenizer calls spread over its workers."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     out = [list(conv) for conv in convs]
-    where = iter([(i, j) for i, conv in enumerate(out) for j, m in enumerate(conv) if m["role"] == "assistant"])
+    where = [(i, j) for i, conv in enumerate(out) for j, m in enumerate(conv) if m["role"] == "assistant"]
+    texts = [out[i][j]["content"] for i, j in where]
+    pool = pool or TokenizerPool(tokenizer, 1)
+    cuts = (c for chunk in pool.map(_cut_chunk, ((chunk, max_tokens) for chunk in _chunks(texts)), len(texts)) for c in chunk)
     cut = 0
-    while chunk := list(itertools.islice(where, ENCODE_CHUNK)):
-        texts = [out[i][j]["content"] for i, j in chunk]
-        offsets = tokenizer(texts, return_offsets_mapping=True, add_special_tokens=False)["offset_mapping"]
-        for (i, j), text, spans in zip(chunk, texts, offsets):
-            if len(spans) > max_tokens:
-                out[i][j] = {**out[i][j], "content": text[: spans[max_tokens - 1][1]]}
-                cut += 1
+    for (i, j), text in zip(where, cuts):
+        if text is not None:
+            out[i][j] = {**out[i][j], "content": text}
+            cut += 1
     return out, cut
 
 
@@ -245,12 +267,13 @@ def encode_conversations(
     *,
     overlong: str = "truncate",
     policy: MaskPolicy = MaskPolicy(),
+    pool: TokenizerPool | None = None,
 ) -> tuple[list[EncodedSample], DatasetStats]:
     """``encode_conversation`` over ``convs``; returns the samples and ``stats`` (a copy, or a
-    fresh one) with the encoding counters added."""
+    fresh one) with the encoding counters added. ``pool``: the encoding spread over its workers."""
     stats = dataclasses.replace(stats) if stats is not None else DatasetStats()
     samples = []
-    for full in encode_many(tokenizer, convs, policy):
+    for full in encode_many(tokenizer, list(convs), policy, pool):
         sample, dropped = fit_length(full, max_len, overlong)
         if dropped == "overlong":
             stats.overlong_dropped += 1
