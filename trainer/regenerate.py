@@ -56,7 +56,7 @@ from tqdm import tqdm  # noqa: E402
 
 from serving.jsonl import json_lines  # noqa: E402
 from trainer.data.conversation import Conversation  # noqa: E402
-from trainer.data.sources import FORMATS, read_source  # noqa: E402
+from trainer.data.sources import DATA_FORMATS, read_source  # noqa: E402
 from trainer.datagen.gen_backend import (  # noqa: E402
     DTYPES,
     ENGINES,
@@ -298,7 +298,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, type=Path, help="OpenAI-messages jsonl to write (appended to; done ids skipped)")
     p.add_argument("--prompts", type=Path, default=None, help="a prompt file (prompt / messages / turns records) instead of a source")
     p.add_argument("--sources", nargs="+", default=None, help="with --prompts: only the records of these sources (their 'source' key)")
-    p.add_argument("--format", default="chatterbot", choices=FORMATS, help="source format (default: chatterbot)")
+    p.add_argument("--format", default="chatterbot", choices=DATA_FORMATS, help="source format (default: chatterbot)")
     p.add_argument("--path", default=None, help="source file or directory (every format but chatterbot)")
     p.add_argument("--languages", nargs="+", default=["english"], help="chatterbot languages")
     p.add_argument("--split", default=None, help="hf_disk: the DatasetDict split")

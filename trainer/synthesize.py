@@ -34,7 +34,7 @@ from typing import Sequence
 
 from serving.usage import PlainHelp
 from trainer.config import DataConfig, DataSourceConfig
-from trainer.data import FORMATS, read_chatterbot, read_source
+from trainer.data import DATA_FORMATS, read_chatterbot, read_source
 from trainer.data_setup import Holdout, chatterbot_languages_of
 from trainer.datagen.gen_backend import GenerationSettings
 from trainer.datagen.record_ids import record_id
@@ -81,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--follow-up-fraction", type=float, default=0.25)
     p.add_argument("--shots", type=int, default=3, help="example prompts shown per job")
     p.add_argument("--max-jobs", type=int, default=None, help="give up after this many jobs (default: 10 x --n-prompts)")
-    p.add_argument("--format", default="chatterbot", choices=FORMATS, help="the source of example prompts (default: chatterbot)")
+    p.add_argument("--format", default="chatterbot", choices=DATA_FORMATS, help="the source of example prompts (default: chatterbot)")
     p.add_argument("--path", default=None, help="source file or directory (every format but chatterbot)")
     p.add_argument("--languages", nargs="+", default=["english"], help="chatterbot languages")
     p.add_argument("--holdout-fraction", type=float, default=0.1, help="the trainer's data.holdout_fraction")
