@@ -204,8 +204,8 @@ def deepspeed_model(
     opt = draft_optimizer(params, s, device)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(s, step, total, clock.time_frac))
     config = deepspeed_config(cfg, dtype == torch.bfloat16)
-    engine, *_ = deepspeed.initialize(model=objective, optimizer=opt, lr_scheduler=sched, config=config)
-    return engine
+    ds_model, *_ = deepspeed.initialize(model=objective, optimizer=opt, lr_scheduler=sched, config=config)
+    return ds_model
 
 
 def check_resume(cfg: Config, path: Path, now: dict) -> None:
