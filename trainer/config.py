@@ -15,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from models.feature_engines import FEATURE_ENGINES
 from serving.formats import DEFAULT_SPECULATIVE_TOKENS
 from serving.speedup import DEFAULT_CONCURRENCY, DEFAULT_SETTINGS, parse_setting
 from trainer.checkpoint import CHANGEABLE
@@ -175,7 +176,7 @@ class SGLangConfig:
 
 @dataclass
 class EngineConfig:
-    name: str = "hf"  # hf: transformers | sglang: SGLang (engine.sglang; colocated mode only)
+    name: str = "hf"  # a name of models.feature_engines.FEATURE_ENGINES: hf (transformers) | sglang (engine.sglang; colocated)
     mode: str = "inprocess"  # where the target runs: a name of trainer.stream.feature_stream.MODES (docs/STREAM.md)
     slots: int = 3  # colocated: feature ring slots; the engine runs up to slots - 1 batches ahead
     slot_tokens: Optional[int] = None  # colocated: tokens (B x T) a slot holds; conf/engine sets ${data.max_tokens}
@@ -184,15 +185,16 @@ class EngineConfig:
     sglang: Optional[SGLangConfig] = None  # engine=sglang's settings (conf/engine/sglang.yaml)
 
     def __post_init__(self) -> None:
-        _require(self.name in ("hf", "sglang"), "engine.name", f"unknown engine {self.name!r} (known: hf, sglang)")
+        kind = FEATURE_ENGINES.get(self.name)
+        _require(kind is not None, "engine.name", f"unknown engine {self.name!r} (known: {', '.join(FEATURE_ENGINES)})")
         _require(self.mode in MODES, "engine.mode", f"unknown mode {self.mode!r} (known: {', '.join(MODES)})")
         if self.name == "sglang":
             _require(
                 self.sglang is not None, "engine.sglang", "engine sglang needs its settings: select engine=sglang (conf/engine/sglang.yaml)"
             )
-            _require(self.mode == "colocated", "engine.mode", "engine sglang runs in its own engine process: mode must be colocated")
         else:
             _require(self.sglang is None, "engine.sglang", f"applies to engine sglang only (engine.name is {self.name})")
+        _require(self.mode in kind.modes, "engine.mode", f"engine {self.name} runs in mode {' or '.join(kind.modes)}, not {self.mode}")
         _require(self.slots >= 2, "engine.slots", "must be >= 2 (one slot the trainer reads, one the engine fills)")
         _require(self.slot_tokens is None or self.slot_tokens >= 1, "engine.slot_tokens", "must be >= 1")
         _require(self.start_timeout_s > 0, "engine.start_timeout_s", "must be positive")
@@ -302,10 +304,11 @@ class Config:
     trainer: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
+        refusal = FEATURE_ENGINES[self.engine.name].no_float32
         _require(
-            not (self.engine.name == "sglang" and self.target.dtype == "float32"),
+            refusal is None or self.target.dtype != "float32",
             "target.dtype",
-            "engine sglang runs float16 or bfloat16 only (SGLang's CUDA RMSNorm, sgl_kernel, has no float32): set bfloat16 or auto",
+            f"engine {self.engine.name} runs float16 or bfloat16 only ({refusal}): set bfloat16 or auto",
         )
 
 

@@ -204,7 +204,7 @@ class FeatureEngineSettings(Protocol):
 class TargetSource:
     """Where features come from, for either mode.
 
-    ``factory`` is the picklable recipe an engine process builds the target from
+    ``factory`` is the picklable target factory an engine process builds the target from
     (``PathTarget``, ``RandomTarget``); ``engine`` is the trainer's own target for the
     ``inprocess`` mode (built from ``factory`` on first use when not given). The engine
     process of the ``colocated`` mode is started by the first colocated stream and serves
