@@ -1,4 +1,4 @@
-"""The seam between target engine and trainer: an iterator of feature batches.
+"""The seam between feature engine and trainer: an iterator of feature batches.
 
 Two modes (``engine.mode``), one interface (``open_feature_stream``):
 
