@@ -29,28 +29,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 
 from trainer.data import read_source  # noqa: E402
-from trainer.datagen.gen_backend import EngineSettings, GenerationSettings, chat_ids, engine_arg  # noqa: E402
+from trainer.datagen.gen_backend import GenerationSettings, GeneratorSettings, chat_ids, sglang_arg  # noqa: E402
 from trainer.datagen.replicas import open_generator  # noqa: E402
 from trainer.regenerate import prompt_conversations  # noqa: E402
 
 
 @dataclass(frozen=True)
 class Variant:
-    engine: EngineSettings
+    generator: GeneratorSettings
     batch_size: int
     prompts: int  # timed prompts (the prompt list cycled to reach it)
     warmup: int  # warm-up prompts
 
 
 VARIANTS = {  # the warm-up of a static-cache variant is one full batch: it compiles the shape the timed run uses
-    "hf-b16": Variant(EngineSettings(), 16, 96, 16),  # the old default batch
-    "hf-b256": Variant(EngineSettings(), 256, 512, 16),
-    "hf-b1024": Variant(EngineSettings(), 1024, 1024, 16),
-    "hf-b256-static-compile": Variant(EngineSettings(static_cache=True, compile=True), 256, 512, 256),
-    "hf-b256-r4": Variant(EngineSettings(replicas=4), 256, 2048, 64),  # 4 processes, each 512 prompts in batches of 256
-    "sglang": Variant(EngineSettings(engine="sglang"), 4096, 3004, 64),
-    "sglang-r2": Variant(EngineSettings(engine="sglang", replicas=2), 4096, 3004, 64),
-    "sglang-r4": Variant(EngineSettings(engine="sglang", replicas=4), 4096, 3004, 64),
+    "hf-b16": Variant(GeneratorSettings(), 16, 96, 16),  # the old default batch
+    "hf-b256": Variant(GeneratorSettings(), 256, 512, 16),
+    "hf-b1024": Variant(GeneratorSettings(), 1024, 1024, 16),
+    "hf-b256-static-compile": Variant(GeneratorSettings(static_cache=True, compile=True), 256, 512, 256),
+    "hf-b256-r4": Variant(GeneratorSettings(replicas=4), 256, 2048, 64),  # 4 processes, each 512 prompts in batches of 256
+    "sglang": Variant(GeneratorSettings(name="sglang"), 4096, 3004, 64),
+    "sglang-r2": Variant(GeneratorSettings(name="sglang", replicas=2), 4096, 3004, 64),
+    "sglang-r4": Variant(GeneratorSettings(name="sglang", replicas=4), 4096, 3004, 64),
 }
 
 
@@ -71,11 +71,11 @@ def first_turns(prompts: Path | None) -> list[list[dict]]:
 
 
 def measure(name: str, variant: Variant, chats: list[list[dict]], args: argparse.Namespace) -> dict:
-    engine = replace(variant.engine, target=args.target, attention_backend=args.attention_backend)
-    if engine.engine == "sglang":
-        engine = replace(engine, sglang_args=tuple(engine_arg(a) for a in args.sglang_arg))
+    generator = replace(variant.generator, target=args.target, attention_backend=args.attention_backend)
+    if generator.name == "sglang":
+        generator = replace(generator, sglang_args=tuple(sglang_arg(a) for a in args.sglang_arg))
     start = time.perf_counter()
-    backend = open_generator(engine)
+    backend = open_generator(generator)
     load_s = time.perf_counter() - start
     try:
         ids = [chat_ids(backend.tokenizer, c) for c in chats]
@@ -97,12 +97,12 @@ def measure(name: str, variant: Variant, chats: list[list[dict]], args: argparse
     new = sum(r.new_tokens for r in replies)
     return {
         "variant": name,
-        "engine": engine.engine,
+        "engine": generator.name,
         "batch_size": variant.batch_size,
-        "replicas": engine.replicas,
-        "sglang_args": dict(engine.sglang_args),
-        "static_cache": engine.static_cache,
-        "compile": engine.compile,
+        "replicas": generator.replicas,
+        "sglang_args": dict(generator.sglang_args),
+        "static_cache": generator.static_cache,
+        "compile": generator.compile,
         "prompts": len(timed),
         "new_tokens": new,
         "stopped": sum(r.finish == "stop" for r in replies),

@@ -1,6 +1,6 @@
-"""Target recipes that misbehave on purpose: the fault runs of launch/faults.py and their CPU tests.
+"""Target factories that misbehave on purpose: the fault runs of launch/faults.py and their CPU tests.
 
-A recipe wraps another (``PathTarget``, ``SGLangTarget``) and is picklable like it, so the engine
+A factory wraps another (``PathTarget``, ``SGLangTarget``) and is picklable like it, so the engine
 process builds it as it builds any target (``models.engines``).
 """
 

@@ -86,8 +86,8 @@ NAN_RUN = """
 import sys
 import trainer.build as build
 from launch.fault_targets import NaNFeatures
-recipe, batch = build.target_recipe, int(sys.argv.pop(1))
-build.target_recipe = lambda *args: NaNFeatures(recipe(*args), batch)
+target_factory, batch = build.target_factory, int(sys.argv.pop(1))
+build.target_factory = lambda *args: NaNFeatures(target_factory(*args), batch)
 from trainer.__main__ import cli
 sys.argv[0] = "trainer"
 cli()

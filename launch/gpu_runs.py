@@ -55,9 +55,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 FAIL_TAIL = 25  # lines of a failed command's log shown
 BASE = 1000  # records of the study's base size (1x)
-ENGINES = ("sglang", "colocated")
+DP_ENGINES = ("sglang", "colocated")  # the dp runs' feature engines: engine=sglang, or transformers in engine.mode=colocated
 KINDS = ("one-ga1", "one", "two")
-RUNS = tuple(f"{engine}-{kind}" for engine in ENGINES for kind in KINDS)
+RUNS = tuple(f"{engine}-{kind}" for engine in DP_ENGINES for kind in KINDS)
 WARMUP_STEPS = 5  # dp medians and rates are over the steps past these
 GEN_VARIANTS = ("hf-b256", "hf-b256-r4", "sglang", "sglang-r2", "sglang-r4")
 SCRATCH = Path("/tmp")  # where the memory bench writes its temporary 8B-shaped checkpoint
@@ -399,7 +399,7 @@ def dp_compare(base: dict, one: dict, two: dict) -> dict:
 def dp_summary(r: Path) -> dict:
     """Each run's figures from ``r/RUN/metrics.jsonl`` (a run not there: no steps), and each engine's comparison."""
     out = {}
-    for engine in ENGINES:
+    for engine in DP_ENGINES:
         figures = {kind: run_figures(train_rows(r / f"{engine}-{kind}")) for kind in KINDS}
         out |= {f"{engine}-{kind}": figures[kind] for kind in KINDS}
         out[f"{engine}-compare"] = dp_compare(figures["one-ga1"], figures["one"], figures["two"])

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from serving.usage import PlainHelp
-from trainer.datagen.gen_backend import EngineSettings, GenerationSettings, default_batch_size
+from trainer.datagen.gen_backend import GenerationSettings, GeneratorSettings, default_batch_size
 from trainer.datagen.replicas import open_generator
 from trainer.regenerate import generation_meta, prompt_conversations, regenerate, unanswered
 
@@ -84,7 +84,7 @@ def generate(args: argparse.Namespace, phases: Phases) -> tuple[Path, Path]:
         print("every prompt is answered already: no generation", flush=True)
         return answered, sampled
     sglang = args.engine == "sglang"
-    engine = EngineSettings(
+    generator = GeneratorSettings(
         args.engine,
         args.target,
         mem_fraction_static=args.gen_mem,
@@ -92,9 +92,9 @@ def generate(args: argparse.Namespace, phases: Phases) -> tuple[Path, Path]:
         sglang_args=(("disable_prefill_cuda_graph", True),) if sglang else (),
     )
     start = time.perf_counter()
-    backend = open_generator(engine)
-    phases.add("generation: engine start", time.perf_counter() - start, replicas=engine.replicas)
-    batch = default_batch_size(args.engine, "auto") * engine.replicas
+    backend = open_generator(generator)
+    phases.add("generation: engine start", time.perf_counter() - start, replicas=generator.replicas)
+    batch = default_batch_size(args.engine, "auto") * generator.replicas
     try:
         for name, convs, extras, path, settings in passes:
             settings = GenerationSettings(settings.max_new_tokens, settings.temperature, settings.top_p, batch, settings.seed)

@@ -10,7 +10,7 @@ from torch import Tensor
 
 @dataclass
 class TokenBatch:
-    """What the data pipeline hands a target engine.
+    """What the data pipeline hands a feature engine.
 
     A padded batch holds one sample a row (``doc_ids`` None). A packed batch
     (``trainer.data.batching.PackedBatcher``) holds several samples (documents) a row, back
@@ -57,7 +57,7 @@ def document_positions(doc_ids: Tensor) -> Tensor:
 
 @dataclass
 class FeatureBatch:
-    """What a target engine hands the trainer."""
+    """What a feature engine hands the trainer."""
 
     tokens: TokenBatch
     aux: Tensor  # [B, T, num_aux * H_target]  outputs of the decoder layers at the aux ids

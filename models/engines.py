@@ -1,12 +1,13 @@
-"""Picklable recipes that build a target feature engine inside an engine process.
+"""Picklable target factories that build a target feature engine inside an engine process.
 
-An engine process receives a recipe, not a model: it builds its own target on its own
-device (``build(device)``). A recipe must be picklable by reference to an importable
+An engine process receives a target factory, not a model: it builds its own target on its own
+device (``build(device)``). A factory must be picklable by reference to an importable
 class; the engine that ``build`` returns needs only ``features(TokenBatch) -> FeatureBatch``,
 its feature ``dtype`` and an ``info`` with ``hidden_size`` and ``aux_layer_ids``
 (``models.target.TargetInfo``): ``models.target.HFTargetEngine`` is one, and
 ``models.sglang_target.SGLangTargetEngine`` (one tensor-parallel rank of an SGLang target) another;
-its recipe, ``models.sglang_target.SGLangTarget``, lives beside it.
+its factory, ``models.sglang_target.SGLangTarget``, lives beside it. ``models.feature_engines``
+names the factory of each engine a run can choose.
 
 Engines are imported inside ``build``: an engine process pays for transformers or SGLang only
 when it builds that kind of target.

@@ -45,10 +45,10 @@ DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float
 
 @dataclass(frozen=True)
 class SGLangTarget:
-    """The recipe of one tensor-parallel rank of a target in SGLang (``SGLangTargetEngine``, docs/SGLANG.md).
+    """The target factory of one tensor-parallel rank of a target in SGLang (``SGLangTargetEngine``, docs/SGLANG.md).
 
     The ``tp_size`` engine processes of a group (consecutive local ranks) each hold one of these
-    with their own ``tp_rank`` and the group's ``dist_port``; ``trainer.target_setup.sglang_recipe``
+    with their own ``tp_rank`` and the group's ``dist_port``; ``trainer.target_setup.sglang_rank_factory``
     derives both from the config and the local rank.
     """
 
@@ -128,9 +128,9 @@ def check_aux_width(aux: Tensor | None, info: TargetInfo, version: str) -> None:
 class SGLangTargetEngine:
     """One tensor-parallel rank of a frozen SGLang target that hands out aux + final hidden states."""
 
-    def __init__(self, runner, info: TargetInfo, recipe: SGLangTarget, version: str):
+    def __init__(self, runner, info: TargetInfo, factory: SGLangTarget, version: str):
         self.runner, self.info, self.version = runner, info, version
-        self.tp_size, self.tp_rank = recipe.tp_size, recipe.tp_rank
+        self.tp_size, self.tp_rank = factory.tp_size, factory.tp_rank
         self.device = torch.device("cuda", runner.gpu_id)
         self.dtype: torch.dtype = runner.model_config.dtype
         self._final: list[Tensor] = []
@@ -138,17 +138,17 @@ class SGLangTargetEngine:
         _logits_processor(runner.model).register_forward_pre_hook(self._keep_final, with_kwargs=True)
 
     @classmethod
-    def start(cls, recipe: SGLangTarget, device: torch.device) -> "SGLangTargetEngine":
+    def start(cls, factory: SGLangTarget, device: torch.device) -> "SGLangTargetEngine":
         """Preflight (from source), then load the target into a ModelRunner with aux capture on."""
         sglang = import_sglang()
-        shape = read_target_shape(recipe.path)
-        ids = AuxLayerIds.resolve(recipe.aux_layer_ids, shape.num_layers)
+        shape = read_target_shape(factory.path)
+        ids = AuxLayerIds.resolve(factory.aux_layer_ids, shape.num_layers)
         source = Path(sglang.__file__).parent
-        checked = check_target(recipe.path, ids.ids, source_dir=source)
-        backend = choose_attention_backend(recipe.attention_backend, torch.cuda.get_device_capability(device), source_dir=source)
-        if recipe.attention_backend is None:  # chosen here, not by the trainer (which prints its choice)
+        checked = check_target(factory.path, ids.ids, source_dir=source)
+        backend = choose_attention_backend(factory.attention_backend, torch.cuda.get_device_capability(device), source_dir=source)
+        if factory.attention_backend is None:  # chosen here, not by the trainer (which prints its choice)
             print(f"engine=sglang on {device}: {backend.describe()}", flush=True)
-        runner = _model_runner(recipe, backend.backend, device)
+        runner = _model_runner(factory, backend.backend, device)
         _switch_on_capture(runner, checked.ids, sglang.__version__)
         runner.init_attention_backends()
         runner.init_cuda_graphs()  # graphs are disabled: this builds the eager runner
@@ -160,9 +160,9 @@ class SGLangTargetEngine:
             hidden_size=config.hidden_size,
             vocab_size=config.vocab_size,
             aux_layer_ids=ids.ids,
-            source=recipe.path,
+            source=factory.path,
         )
-        return cls(runner, info, recipe, sglang.__version__)
+        return cls(runner, info, factory, sglang.__version__)
 
     def _keep_final(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self._final.append(args[1] if len(args) > 1 else kwargs["hidden_states"])  # [N, H], final normed
@@ -257,7 +257,7 @@ def _request(rid: int, doc: list[int]):
     return req
 
 
-def _model_runner(recipe: SGLangTarget, attention_backend: str, device: torch.device):
+def _model_runner(factory: SGLangTarget, attention_backend: str, device: torch.device):
     """The ModelRunner of this TP rank, weights loaded and KV pools allocated (bench_one_batch.load_model)."""
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.entrypoints.engine import _set_envs_and_config
@@ -268,15 +268,15 @@ def _model_runner(recipe: SGLangTarget, attention_backend: str, device: torch.de
     from sglang.srt.server_args import ServerArgs
 
     args = ServerArgs(
-        model_path=recipe.path,
+        model_path=factory.path,
         skip_tokenizer_init=True,
-        dtype=DTYPE_NAMES[recipe.dtype],
-        tp_size=recipe.tp_size,
-        mem_fraction_static=recipe.mem_fraction_static,
+        dtype=DTYPE_NAMES[factory.dtype],
+        tp_size=factory.tp_size,
+        mem_fraction_static=factory.mem_fraction_static,
         attention_backend=attention_backend,
-        load_format=recipe.load_format,
-        max_total_tokens=recipe.max_total_tokens,
-        chunked_prefill_size=prefill_buffer_tokens(recipe.prefill_tokens),  # sizes the eager runner's input buffers
+        load_format=factory.load_format,
+        max_total_tokens=factory.max_total_tokens,
+        chunked_prefill_size=prefill_buffer_tokens(factory.prefill_tokens),  # sizes the eager runner's input buffers
         disable_radix_cache=True,
         disable_prefill_cuda_graph=True,
         disable_decode_cuda_graph=True,
@@ -290,13 +290,13 @@ def _model_runner(recipe: SGLangTarget, attention_backend: str, device: torch.de
         model_config=ModelConfig.from_server_args(args),
         mem_fraction_static=args.mem_fraction_static,
         gpu_id=device.index,
-        tp_rank=recipe.tp_rank,
-        tp_size=recipe.tp_size,
-        moe_ep_rank=recipe.tp_rank // (recipe.tp_size // args.ep_size),
+        tp_rank=factory.tp_rank,
+        tp_size=factory.tp_size,
+        moe_ep_rank=factory.tp_rank // (factory.tp_size // args.ep_size),
         moe_ep_size=args.ep_size,
         pp_rank=0,
         pp_size=1,
-        nccl_port=recipe.dist_port,
+        nccl_port=factory.dist_port,
         server_args=args,
     )
     runner.alloc_memory_pool()

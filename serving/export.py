@@ -41,7 +41,7 @@ from models.embedded import share_with_umask
 from models.vocab_map import VocabMap
 from serving.formats import (
     CONFIG_FILE,
-    FORMATS,
+    EXPORT_FORMATS,
     WEIGHTS_FILE,
     ExportConfig,
     ExportFormat,
@@ -71,8 +71,8 @@ def export_draft(out_dir: str | os.PathLike, engine: str, draft: Eagle3Draft, vo
 
 
 def export_both(root: str | os.PathLike, draft: Eagle3Draft, vocab: VocabMap, spec: ExportSpec) -> dict[str, Path]:
-    """``root/<engine>`` for every format of ``FORMATS``, from the same draft."""
-    return {engine: export_draft(Path(root) / engine, engine, draft, vocab, spec) for engine in FORMATS}
+    """``root/<engine>`` for every format of ``EXPORT_FORMATS``, from the same draft."""
+    return {engine: export_draft(Path(root) / engine, engine, draft, vocab, spec) for engine in EXPORT_FORMATS}
 
 
 def _tensors(fmt: ExportFormat, draft: Eagle3Draft, vocab: VocabMap, dtype: torch.dtype) -> dict[str, Tensor]:
@@ -179,7 +179,7 @@ def _load(export_dir: Path, config: dict, embed_weight: Tensor | None, dtype: to
     config_path, weights_path = export_dir / CONFIG_FILE, export_dir / WEIGHTS_FILE
     parsed = parse_export_config(config, str(config_path))
     shape = parsed.shape
-    tensors = _read_tensors(weights_path, FORMATS[parsed.engine].expected_tensors(shape), config_path.name)
+    tensors = _read_tensors(weights_path, EXPORT_FORMATS[parsed.engine].expected_tensors(shape), config_path.name)
     d2t = tensors.pop("d2t", None)
     if d2t is None:  # vLLM export of a full-vocab draft: the identity map
         d2t = torch.zeros(shape.draft_vocab_size, dtype=torch.int64)

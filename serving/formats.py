@@ -1,4 +1,4 @@
-"""The export formats, one class each, in the registry ``FORMATS``: SGLang's
+"""The export formats, one class each, in the registry ``EXPORT_FORMATS``: SGLang's
 ``LlamaForCausalLMEagle3`` and vLLM's speculators ``eagle3``. A format writes its config from
 an ``ExportSpec``, parses it back, names the tensors an export holds, writes the aux layer ids
 in its engine's numbering and replays its engine's weight loader (``serving/loaders.py``).
@@ -30,7 +30,7 @@ Both formats hold the same tensors under the same names (``fc``, ``midlayer.*``,
   in vLLM's semantics.
 
 ``serving/export.py`` and ``serving/verify.py`` take a format from
-``FORMATS`` (by engine name) or ``format_of`` (by config) and never branch on the name.
+``EXPORT_FORMATS`` (by engine name) or ``format_of`` (by config) and never branch on the name.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ class ExportSpec:
 class ExportConfig:
     """An export's config, normalised: what every consumer needs, in StreamDraft's semantics."""
 
-    engine: str  # a key of FORMATS
+    engine: str  # a key of EXPORT_FORMATS
     shape: DraftShape
     aux_layer_ids: list[int]  # output of decoder layer k (StreamDraft / training semantics)
     engine_aux_layer_ids: list[int]  # as written for the engine
@@ -259,7 +259,7 @@ def _provenance_of(config: dict) -> dict:
 class ExportFormat(ABC):
     """One engine's export format."""
 
-    name: str  # the engine's name, the key in FORMATS
+    name: str  # the engine's name, the key in EXPORT_FORMATS
     architecture: str  # the config's architectures[0]
     aux_id_semantics: str  # what an id in this format's config means (written into the provenance)
     unknown_tensor: str  # what the engine's loader does with a tensor name it has no parameter for
@@ -526,19 +526,19 @@ class VLLMFormat(ExportFormat):
         )
 
 
-FORMATS: dict[str, ExportFormat] = {f.name: f for f in (SGLangFormat(), VLLMFormat())}
+EXPORT_FORMATS: dict[str, ExportFormat] = {f.name: f for f in (SGLangFormat(), VLLMFormat())}
 
 
 def format_named(engine: str) -> ExportFormat:
     """The format of ``engine``; ValueError naming the known ones for any other name."""
-    if engine not in FORMATS:
-        raise ValueError(f"unknown export engine {engine!r}: known engines are {', '.join(FORMATS)}")
-    return FORMATS[engine]
+    if engine not in EXPORT_FORMATS:
+        raise ValueError(f"unknown export engine {engine!r}: known engines are {', '.join(EXPORT_FORMATS)}")
+    return EXPORT_FORMATS[engine]
 
 
 def format_of(config: dict) -> ExportFormat:
     """The format a config dict is in."""
-    return next(f for f in FORMATS.values() if f.owns(config))
+    return next(f for f in EXPORT_FORMATS.values() if f.owns(config))
 
 
 def parse_export_config(config: dict, where: str) -> ExportConfig:

@@ -39,7 +39,7 @@ from pathlib import Path
 from serving.formats import DEFAULT_SPECULATIVE_TOKENS
 from serving.speedup_report import serving_choice
 
-ENGINES = ("sglang", "vllm")
+SERVERS = ("sglang", "vllm")
 READY_PATHS = {"sglang": "/health_generate", "vllm": "/health"}
 
 
@@ -60,8 +60,8 @@ class ServerSpec:
     python: str = field(default=sys.executable)
 
     def __post_init__(self) -> None:
-        if self.engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.engine not in SERVERS:
+            raise ValueError(f"engine must be one of {SERVERS}, got {self.engine!r}")
         if self.num_steps < 1 or self.topk < 1:
             raise ValueError(f"num_steps and topk must be >= 1, got {self.num_steps}, {self.topk}")
         if self.engine == "vllm" and self.topk != 1:
@@ -271,7 +271,7 @@ def speculative_setting(args: argparse.Namespace) -> tuple[int, int, int | None]
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m serving.launch", description=__doc__.split("\n\n")[0])
-    p.add_argument("--engine", choices=ENGINES, required=True)
+    p.add_argument("--engine", choices=SERVERS, required=True)
     p.add_argument("--target", required=True)
     p.add_argument("--draft", default=None, help="export dir for this engine; omit for the target alone")
     p.add_argument("--host", default="127.0.0.1")

@@ -1,6 +1,6 @@
 """``python -m serving.verify DIR [--engine sglang|vllm] [--target PATH]``: will this export work
 when that engine serves it? Without ``--engine``, DIR is an ``export_both`` root and every format
-of ``serving.formats.FORMATS`` is verified in ``DIR/<engine>``.
+of ``serving.formats.EXPORT_FORMATS`` is verified in ``DIR/<engine>``.
 
 The checks, each a row of the problem table (exit code 1 when there is any):
 
@@ -30,7 +30,7 @@ from safetensors import SafetensorError, safe_open
 from models.aux_support import aux_capture_support
 from models.target_config import read_text_config
 from models.vocab_map import VocabMap
-from serving.formats import CONFIG_FILE, FORMATS, WEIGHTS_FILE, ExportConfig, format_named, format_of, read_config_file
+from serving.formats import CONFIG_FILE, EXPORT_FORMATS, WEIGHTS_FILE, ExportConfig, format_named, format_of, read_config_file
 from serving.loaders import Replay
 from serving.usage import PlainHelp
 
@@ -71,7 +71,7 @@ class Report:
 
 
 def _weights(report: Report, replay: Replay) -> None:
-    verb = FORMATS[replay.engine].unknown_tensor
+    verb = EXPORT_FORMATS[replay.engine].unknown_tensor
     for name in replay.dropped + replay.refused:
         report.add("weights", name, f"no {replay.engine} parameter takes this tensor: {replay.engine} {verb}")
     for ckpt, param, got, want in replay.shape_errors:
@@ -99,7 +99,7 @@ def _vocab(report: Report, tensors: dict, parsed: ExportConfig | None) -> None:
 
 def _layer_range(report: Report, parsed: ExportConfig, n: int) -> None:
     ids = parsed.engine_aux_layer_ids
-    bad, rule = FORMATS[parsed.engine].layer_range(ids, n)
+    bad, rule = EXPORT_FORMATS[parsed.engine].layer_range(ids, n)
     if bad:
         report.add("layers", "eagle_aux_hidden_state_layer_ids", f"{ids} out of range for a {n}-layer target: {bad} ({rule})")
     if parsed.target_num_layers is not None and parsed.target_num_layers != n:
@@ -111,7 +111,7 @@ def _layer_range(report: Report, parsed: ExportConfig, n: int) -> None:
 
 
 def _target(report: Report, parsed: ExportConfig, t: TargetFacts) -> None:
-    s, fmt = parsed.shape, FORMATS[parsed.engine]
+    s, fmt = parsed.shape, EXPORT_FORMATS[parsed.engine]
     if t.architecture is None:
         report.add("target", "architecture", f"unknown target architecture ({t.source}): pass --target DIR to check aux capture")
     else:
@@ -170,7 +170,7 @@ def _read_weights(path: Path, report: Report) -> tuple[dict[str, tuple[int, ...]
 
 def _replay(engine: str, config: dict, shapes: dict, target_vocab: int | None, report: Report) -> None:
     try:
-        replay = FORMATS[engine].replay(config, shapes, target_vocab)
+        replay = EXPORT_FORMATS[engine].replay(config, shapes, target_vocab)
     except (KeyError, TypeError) as e:
         report.add("format", CONFIG_FILE, f"the {engine} loader cannot size its parameters from this config (field {e})")
         return
@@ -207,11 +207,11 @@ def verify_export(export_dir: str | Path, engine: str, target: str | Path | None
 
 
 def verify_exports(dirs: dict[str, Path], target: str | Path | None = None) -> dict[str, Report]:
-    """``verify_export`` of every format of ``FORMATS``, ``dirs`` giving each one's export dir."""
-    missing = sorted(set(FORMATS) - set(dirs))
+    """``verify_export`` of every format of ``EXPORT_FORMATS``, ``dirs`` giving each one's export dir."""
+    missing = sorted(set(EXPORT_FORMATS) - set(dirs))
     if missing:
         raise ValueError(f"no export dir given for engine(s) {missing}")
-    return {engine: verify_export(dirs[engine], engine, target) for engine in FORMATS}
+    return {engine: verify_export(dirs[engine], engine, target) for engine in EXPORT_FORMATS}
 
 
 # --------------------------------------------------------------------------- output
@@ -231,14 +231,14 @@ def format_report(report: Report) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m serving.verify", description=__doc__.split("\n\n")[0], formatter_class=PlainHelp)
     parser.add_argument("export_dir", type=Path, help="an export dir (with --engine), else an export_both root")
-    parser.add_argument("--engine", choices=list(FORMATS), default=None, help="verify DIR for this engine only")
+    parser.add_argument("--engine", choices=list(EXPORT_FORMATS), default=None, help="verify DIR for this engine only")
     parser.add_argument("--target", type=Path, default=None, help="target model dir (its config.json) to check against")
     args = parser.parse_args(argv)
     try:
         if args.engine is not None:
             reports = [verify_export(args.export_dir, args.engine, args.target)]
         else:
-            reports = list(verify_exports({engine: args.export_dir / engine for engine in FORMATS}, args.target).values())
+            reports = list(verify_exports({engine: args.export_dir / engine for engine in EXPORT_FORMATS}, args.target).values())
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

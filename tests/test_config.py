@@ -12,7 +12,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from trainer.checkpoint import CHANGEABLE
 from trainer.config import Config, ScheduleConfig, register_schema, to_config
-from trainer.data import FORMATS, ON_ERROR, OVERLONG
+from trainer.data import DATA_FORMATS, ON_ERROR, OVERLONG
 from trainer.schedule import SCHEDULES, draft_optimizer, lr_factor, warmup_steps
 from trainer.stream.feature_stream import MODES
 
@@ -127,7 +127,7 @@ def test_a_schedule_is_one_function_and_one_yaml(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "override, known",
     [
-        ("data.sources.chatterbot.format=csv", FORMATS),
+        ("data.sources.chatterbot.format=csv", DATA_FORMATS),
         ("data.overlong=cut", OVERLONG),
         ("data.on_error=warn", ON_ERROR),
         ("schedule.name=linear", tuple(SCHEDULES)),

@@ -38,7 +38,7 @@ def tiny_target(tmp_path_factory):
 
 
 def open_tiny(target, **kw) -> G.HFBackend:
-    return G.open_backend(G.EngineSettings(target=str(target), device="cpu", dtype="float32", **kw))
+    return G.open_backend(G.GeneratorSettings(target=str(target), device="cpu", dtype="float32", **kw))
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def test_static_cache_gives_the_dynamic_cache_greedy_tokens(tiny_target, generat
     for batch in (8, 4):
         assert [r.tokens for r in static.generate(prompts, G.GenerationSettings(max_new_tokens=6, batch_size=batch), 0)] == want
     with pytest.raises(ValueError, match="--compile compiles the static-cache decode step"):
-        G.EngineSettings(compile=True)
+        G.GeneratorSettings(compile=True)
 
 
 def test_each_wave_is_one_backend_call(generator, tmp_path):
@@ -291,7 +291,7 @@ def test_sglang_requests_carry_the_settings():
 
 
 def test_engine_choice_and_batch_defaults_on_the_cpu():
-    assert G.resolve_engine("auto") == ("sglang" if torch.cuda.is_available() and G.importlib.util.find_spec("sglang") else "hf")
+    assert G.resolve_generator("auto") == ("sglang" if torch.cuda.is_available() and G.importlib.util.find_spec("sglang") else "hf")
     assert (
         G.default_batch_size("hf", "cpu") == 16
         and G.default_batch_size("hf", "cuda") == 256
@@ -299,34 +299,34 @@ def test_engine_choice_and_batch_defaults_on_the_cpu():
     )
     assert G.cut_at_stop([5, 6, 2, 9], [2]) == ([5, 6], "stop") and G.cut_at_stop([5, 6], [2]) == ([5, 6], "length")
     with pytest.raises(ValueError, match="--engine must be one of"):
-        G.EngineSettings(engine="vllm")
+        G.GeneratorSettings(name="vllm")
     with pytest.raises(ValueError, match="options of --engine hf"):
-        G.EngineSettings(engine="sglang", static_cache=True)
+        G.GeneratorSettings(name="sglang", static_cache=True)
 
 
 def test_sglang_in_float32_is_refused_before_anything_loads(tmp_path):
     """SGLang's CUDA RMSNorm has no float32 kernel: its scheduler dies capturing the prefill graph and
     kills the calling process; the project refuses the setting first."""
     with pytest.raises(ValueError, match="--dtype float32: SGLang runs float16 or bfloat16 only"):
-        G.open_backend(G.EngineSettings(engine="sglang", target=str(tmp_path), dtype="float32"))
+        G.open_backend(G.GeneratorSettings(name="sglang", target=str(tmp_path), dtype="float32"))
 
 
 def test_sglang_args_are_typed_checked_and_reach_the_settings():
-    assert [G.engine_arg(a) for a in ("cuda_graph_max_bs_decode=512", "schedule_conservativeness=0.3", "enable_metrics=False")] == [
+    assert [G.sglang_arg(a) for a in ("cuda_graph_max_bs_decode=512", "schedule_conservativeness=0.3", "enable_metrics=False")] == [
         ("cuda_graph_max_bs_decode", 512),
         ("schedule_conservativeness", 0.3),
         ("enable_metrics", False),
     ]
-    assert G.engine_arg("log_level=warning") == ("log_level", "warning")
+    assert G.sglang_arg("log_level=warning") == ("log_level", "warning")
     with pytest.raises(ValueError, match="expected KEY=VALUE"):
-        G.engine_arg("cuda_graph_max_bs_decode")
+        G.sglang_arg("cuda_graph_max_bs_decode")
     with pytest.raises(ValueError, match="mem_fraction_static: use --mem-fraction-static"):
-        G.EngineSettings(engine="sglang", sglang_args=(("mem_fraction_static", 0.5),))
+        G.GeneratorSettings(name="sglang", sglang_args=(("mem_fraction_static", 0.5),))
     with pytest.raises(ValueError, match="add --engine sglang"):
-        G.EngineSettings(engine="hf", sglang_args=(("log_level", "info"),))
+        G.GeneratorSettings(name="hf", sglang_args=(("log_level", "info"),))
     args = R._parser().parse_args(["--output", "o.jsonl", "--engine", "sglang", "--sglang-arg", "max_running_requests=4096"])
-    assert R.engine_of(args)[0].sglang_args == (("max_running_requests", 4096),)
+    assert R.generator_of(args)[0].sglang_args == (("max_running_requests", 4096),)
     known = ["cuda_graph_max_bs_decode", "cuda_graph_max_bs_prefill", "max_running_requests"]
-    G.check_engine_args((("max_running_requests", 1),), known, "0.5.14")
+    G.check_sglang_args((("max_running_requests", 1),), known, "0.5.14")
     with pytest.raises(ValueError, match=r"cuda_graph_max_bs: not a field of SGLang 0.5.14's ServerArgs \(close: cuda_graph_max_bs_"):
-        G.check_engine_args((("cuda_graph_max_bs", 512),), known, "0.5.14")
+        G.check_sglang_args((("cuda_graph_max_bs", 512),), known, "0.5.14")

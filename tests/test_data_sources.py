@@ -324,7 +324,7 @@ def _compose(*overrides):
 def test_every_data_group_composes(group):
     names = {"chatterbot": [], "mix": ["sharegpt", "ultrachat"], "corpora": ["sharegpt_wheel", "evals", "codeio"]}.get(group, [group])
     cfg = _compose(f"data={group}", *[f"data.sources.{name}.path=/data/{name}" for name in names])
-    assert set(cfg.sources) == set(names or ["chatterbot"]) and all(src.format in data.FORMATS for src in cfg.sources.values())
+    assert set(cfg.sources) == set(names or ["chatterbot"]) and all(src.format in data.DATA_FORMATS for src in cfg.sources.values())
 
 
 def test_data_groups_combine_and_mix_overrides_replace():

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from models.draft import DraftShape, Eagle3Draft
 from models.vocab_map import build_vocab_map
 from serving.export import export_draft, load_export
-from serving.formats import FORMATS, ExportSpec, format_of, read_export_config
+from serving.formats import EXPORT_FORMATS, ExportSpec, format_of, read_export_config
 
 # hidden 64 != target hidden 48: SGLang keeps the draft's own embedding, so it is exported.
 CARRIED = DraftShape(
@@ -376,9 +376,9 @@ def test_export_is_readable_by_other_users(tmp_path):
     assert stat.S_IMODE(out.stat().st_mode) == 0o755
 
 
-@pytest.mark.parametrize("engine", list(FORMATS))
+@pytest.mark.parametrize("engine", list(EXPORT_FORMATS))
 def test_every_format_parses_the_config_it_writes(engine):
-    fmt = FORMATS[engine]
+    fmt = EXPORT_FORMATS[engine]
     spec = ExportSpec.of(AUX_IDS, norm_output=False, target_num_layers=16, num_speculative_tokens=3)
     config = fmt.write_config(CARRIED, spec)
     parsed = format_of(config).parse(config, "config.json")

@@ -168,8 +168,8 @@ def test_an_engine_killed_or_stopped_mid_run_stops_it_keeps_every_step_and_the_r
 @pytest.mark.slow
 def test_nan_features_from_the_engine_process_are_skipped_and_counted(monkeypatch, tmp_path):
     """Engine batch 0 is the held-out eval's; batch 2, the second training batch, comes with NaN aux features."""
-    recipe = build.target_recipe
-    monkeypatch.setattr(build, "target_recipe", lambda *args: NaNFeatures(recipe(*args), batch=2))
+    target_factory = build.target_factory
+    monkeypatch.setattr(build, "target_factory", lambda *args: NaNFeatures(target_factory(*args), batch=2))
     trainer = Trainer(tiny_config(*RUN, "trainer.max_steps=3", "trainer.on_nan=skip"), tmp_path)
     try:
         summary = trainer.fit()

@@ -58,7 +58,7 @@ def target(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny_llama")
     LlamaForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
-    hf = G.open_backend(G.EngineSettings(target=str(path), device="cuda", dtype="float32"))
+    hf = G.open_backend(G.GeneratorSettings(target=str(path), device="cuda", dtype="float32"))
     tokens = hf.generate([G.chat_ids(hf.tokenizer, CHATS[0])], SETTINGS, 0)[0].tokens
     cut = next(k for k in range(3, len(tokens)) if tokens[k] not in tokens[:k])
     GenerationConfig(bos_token_id=1, eos_token_id=[2, tokens[cut]], pad_token_id=2).save_pretrained(path)
@@ -67,7 +67,7 @@ def target(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sglang_backend(target):
-    backend = G.open_backend(G.EngineSettings(engine="sglang", target=str(target[0]), dtype="bfloat16", mem_fraction_static=0.3))
+    backend = G.open_backend(G.GeneratorSettings(name="sglang", target=str(target[0]), dtype="bfloat16", mem_fraction_static=0.3))
     yield backend
     backend.close()
 
@@ -75,7 +75,7 @@ def sglang_backend(target):
 @pytest.fixture(scope="module")
 def reference(target):
     """The float32 transformers backend of ``target`` (its model, tokenizer and stop ids)."""
-    return G.open_backend(G.EngineSettings(target=str(target[0]), device="cuda", dtype="float32"))
+    return G.open_backend(G.GeneratorSettings(target=str(target[0]), device="cuda", dtype="float32"))
 
 
 def assert_greedy(reference, replies) -> None:
@@ -124,7 +124,7 @@ def test_sglang_regenerates_resumably(sglang_backend, tmp_path):
 def test_two_sglang_replicas_give_one_engines_replies(target, reference, sglang_backend):
     from trainer.datagen.replicas import open_generator
 
-    settings = G.EngineSettings(engine="sglang", target=str(target[0]), dtype="bfloat16", mem_fraction_static=0.3, replicas=2)
+    settings = G.GeneratorSettings(name="sglang", target=str(target[0]), dtype="bfloat16", mem_fraction_static=0.3, replicas=2)
     replicas = open_generator(settings)
     try:
         assert replicas.stop_ids == sglang_backend.stop_ids
@@ -134,6 +134,6 @@ def test_two_sglang_replicas_give_one_engines_replies(target, reference, sglang_
 
 
 def test_an_sglang_arg_sglang_does_not_have_is_named_before_an_engine_starts(target):
-    settings = G.EngineSettings(engine="sglang", target=str(target[0]), sglang_args=(("cuda_graph_max_bs", 512),))
+    settings = G.GeneratorSettings(name="sglang", target=str(target[0]), sglang_args=(("cuda_graph_max_bs", 512),))
     with pytest.raises(ValueError, match=r"--sglang-arg cuda_graph_max_bs: not a field of SGLang .*close: .*cuda_graph_max_bs_decode"):
         G.open_backend(settings)

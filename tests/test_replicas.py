@@ -24,25 +24,25 @@ def tiny_target(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def replicated(tiny_target):
-    backend = open_generator(G.EngineSettings(target=str(tiny_target), device="cpu", dtype="float32", replicas=2))
+    backend = open_generator(G.GeneratorSettings(target=str(tiny_target), device="cpu", dtype="float32", replicas=2))
     yield backend
     backend.close()
 
 
 def test_each_sglang_replica_gets_its_share_of_the_memory_as_a_capped_pool():
-    settings = G.EngineSettings(engine="sglang", mem_fraction_static=0.8, replicas=4, seed=7)
+    settings = G.GeneratorSettings(name="sglang", mem_fraction_static=0.8, replicas=4, seed=7)
     for k in range(4):
         r = replica_settings(settings, k, 1000)
-        assert (r.replicas, r.seed, r.engine, r.mem_fraction_static) == (1, 7 + k, "sglang", 0.8)
+        assert (r.replicas, r.seed, r.name, r.mem_fraction_static) == (1, 7 + k, "sglang", 0.8)
         assert dict(r.sglang_args)["max_total_tokens"] == 1000
-    lower = G.EngineSettings(engine="sglang", replicas=2, sglang_args=(("max_total_tokens", 300), ("chunked_prefill_size", 4096)))
+    lower = G.GeneratorSettings(name="sglang", replicas=2, sglang_args=(("max_total_tokens", 300), ("chunked_prefill_size", 4096)))
     assert dict(replica_settings(lower, 1, 1000).sglang_args) == {"max_total_tokens": 300, "chunked_prefill_size": 4096}
-    assert replica_settings(G.EngineSettings(replicas=2), 1, None).sglang_args == ()
-    assert pool_tokens(G.EngineSettings(replicas=2)) is None  # transformers: no pool
+    assert replica_settings(G.GeneratorSettings(replicas=2), 1, None).sglang_args == ()
+    assert pool_tokens(G.GeneratorSettings(replicas=2)) is None  # transformers: no pool
     # SmolLM2-135M: 30 layers, 3 KV heads of 64, 16-bit: 23,040 bytes a token
     assert kv_bytes_per_token({"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}) == 23040
     with pytest.raises(ValueError, match="--replicas must be >= 1"):
-        G.EngineSettings(replicas=0)
+        G.GeneratorSettings(replicas=0)
 
 
 def test_replicas_give_one_engines_greedy_replies_in_prompt_order(replicated, tiny_target):
@@ -68,10 +68,10 @@ def test_regenerate_with_replicas_writes_what_one_engine_writes(replicated, tiny
 
 def test_the_command_line_asks_for_replicas_and_scales_the_default_call():
     args = R._parser().parse_args(["--output", "o.jsonl", "--device", "cpu", "--replicas", "3"])
-    engine, batch = R.engine_of(args)
-    assert (engine.replicas, batch) == (3, 3 * G.default_batch_size("hf", "cpu"))
+    generator, batch = R.generator_of(args)
+    assert (generator.replicas, batch) == (3, 3 * G.default_batch_size("hf", "cpu"))
     given = R._parser().parse_args(["--output", "o.jsonl", "--device", "cpu", "--replicas", "3", "--batch-size", "5"])
-    assert R.engine_of(given)[1] == 5
+    assert R.generator_of(given)[1] == 5
 
 
 def test_a_failed_generation_names_the_replica_and_the_others_stay_usable(replicated):
@@ -85,7 +85,7 @@ def test_a_failed_generation_names_the_replica_and_the_others_stay_usable(replic
 def test_a_replica_that_cannot_start_is_reported_and_nothing_is_left_running(tiny_target):
     before = set(mp.active_children())
     with pytest.raises(RuntimeError, match=r"replica 0 of 2 failed:\n(.|\n)*no_such_device"):
-        ReplicatedBackend(G.EngineSettings(target=str(tiny_target), device="no_such_device", replicas=2))
+        ReplicatedBackend(G.GeneratorSettings(target=str(tiny_target), device="no_such_device", replicas=2))
     assert set(mp.active_children()) == before
 
 

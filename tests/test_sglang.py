@@ -1,6 +1,6 @@
 """engine=sglang without a GPU: the aux-id translation, the preflight (against small SGLang-like
 source trees written here, and against the real SGLang source when it is present), the config
-mapping to the engine recipe, and the engine's batch layout. Nothing here imports sglang."""
+mapping to the target factory, and the engine's batch layout. Nothing here imports sglang."""
 
 import ast
 import copy
@@ -22,6 +22,7 @@ from models.batch import TokenBatch
 from models.draft import DraftShape
 from models.embedded import embedded_target_dir, plain_config
 from models.engines import PathTarget
+from models.feature_engines import FEATURE_ENGINES, FeatureEngineKind
 from models.sglang_preflight import (
     SOURCE_ENV,
     SGLangSource,
@@ -36,13 +37,13 @@ from models.sglang_preflight import (
 from models.sglang_preflight import main as preflight_main
 from models.sglang_target import SGLangTarget, check_aux_width, documents, import_sglang, prefill_buffer_tokens, rank_span, to_rows
 from models.target import TargetInfo
-from serving.formats import FORMATS, ExportSpec
+from serving.formats import EXPORT_FORMATS, ExportSpec
 from tests.sglang_tiny import is_layer, layer_errors, tiny_deepseek_v3_config
 from tests.tiny import tiny_config
 from trainer.dist import Parallel, free_port, group_port
 from trainer.stream.engine_process import EngineError, failure_cause, failure_message
-from trainer.stream.feature_stream import TargetSource
-from trainer.target_setup import sglang_recipe, target_recipe
+from trainer.stream.feature_stream import MODES, TargetSource
+from trainer.target_setup import MAKERS, sglang_rank_factory, target_factory
 
 KIMI = "KimiK25ForConditionalGeneration"
 KIMI_IDS = [1, 29, 57]  # list(AuxLayerIds.default(61).ids), conf/target/kimi_k25.yaml
@@ -214,7 +215,7 @@ def test_the_export_writes_the_argument_the_engine_passes():
         rope_theta=1e4,
         max_position_embeddings=512,
     )
-    config = FORMATS["sglang"].write_config(shape, ExportSpec.of([1, 14, 26], norm_output=False, target_num_layers=30))
+    config = EXPORT_FORMATS["sglang"].write_config(shape, ExportSpec.of([1, 14, 26], norm_output=False, target_num_layers=30))
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == AuxLayerIds.of([1, 14, 26]).sglang_argument
 
 
@@ -402,10 +403,10 @@ def test_real_attention_backends(real):
     assert {"fa3", "flashinfer", "triton", "flashmla"} <= set(attention_backends(real))
 
 
-# --------------------------------------------------------------------------- config -> recipe
+# --------------------------------------------------------------------------- config -> target factory
 
 
-def test_engine_sglang_maps_to_one_recipe_per_local_rank():
+def test_engine_sglang_maps_to_one_target_factory_per_local_rank():
     cfg = tiny_config(
         "engine=sglang",
         "engine.sglang.tp_size=4",
@@ -418,14 +419,14 @@ def test_engine_sglang_maps_to_one_recipe_per_local_rank():
         "engine.sglang.dist_port=29650",
     )
     assert cfg.engine.mode == "colocated" and cfg.engine.slot_tokens == cfg.data.max_tokens
-    recipes = [sglang_recipe(cfg.target, cfg.engine, KIMI_IDS, torch.bfloat16, r) for r in range(8)]
-    assert [(r.tp_rank, r.dist_port) for r in recipes] == [(i % 4, 29650 + i // 4) for i in range(8)]
+    factories = [sglang_rank_factory(cfg.target, cfg.engine, KIMI_IDS, torch.bfloat16, r) for r in range(8)]
+    assert [(r.tp_rank, r.dist_port) for r in factories] == [(i % 4, 29650 + i // 4) for i in range(8)]
     # with no dist_port set, the group meets on the port its first rank found free
     free = tiny_config("engine=sglang", "engine.sglang.tp_size=4", "target=local", "target.path=/models/kimi")
-    assert sglang_recipe(free.target, free.engine, KIMI_IDS, torch.bfloat16, 5, port=41234).dist_port == 41234
+    assert sglang_rank_factory(free.target, free.engine, KIMI_IDS, torch.bfloat16, 5, port=41234).dist_port == 41234
     with pytest.raises(ValueError, match="engine.sglang.dist_port is null"):
-        sglang_recipe(free.target, free.engine, KIMI_IDS, torch.bfloat16, 5)
-    first = recipes[0]
+        sglang_rank_factory(free.target, free.engine, KIMI_IDS, torch.bfloat16, 5)
+    first = factories[0]
     assert (first.path, first.aux_layer_ids, first.dtype, first.tp_size) == ("/models/kimi", tuple(KIMI_IDS), torch.bfloat16, 4)
     assert (first.mem_fraction_static, first.attention_backend, first.load_format, first.max_total_tokens) == (0.6, "fa3", "dummy", 65536)
     # SGLang sizes its prefill input buffers by chunked_prefill_size (8192 on an H200 by default): one
@@ -445,17 +446,17 @@ def test_a_kv_pool_or_a_ring_slot_smaller_than_a_batch_is_refused_before_an_engi
         match=r"config engine.sglang.max_total_tokens: a KV pool of 1000 tokens cannot hold one prefill of 1024 tokens "
         r"\(tp_size 2 x engine.slot_tokens 512\); set engine.sglang.max_total_tokens=1024 or more",
     ):
-        sglang_recipe(small.target, small.engine, KIMI_IDS, torch.bfloat16, 0)
+        sglang_rank_factory(small.target, small.engine, KIMI_IDS, torch.bfloat16, 0)
     enough = tiny_config(*sglang, "engine.sglang.max_total_tokens=1024")
-    assert sglang_recipe(enough.target, enough.engine, KIMI_IDS, torch.bfloat16, 0).max_total_tokens == 1024
+    assert sglang_rank_factory(enough.target, enough.engine, KIMI_IDS, torch.bfloat16, 0).max_total_tokens == 1024
     cpu = Parallel(0, 1, 0, torch.device("cpu"))
     with pytest.raises(
         ValueError,
         match=r"config engine.slot_tokens: a ring slot of 256 tokens is smaller than a batch, up to data.max_tokens=512; "
         r"set engine.slot_tokens=512",
     ):
-        target_recipe(tiny_config("engine.mode=colocated", "engine.slot_tokens=256"), [1, 14, 26], torch.float32, cpu)
-    assert isinstance(target_recipe(tiny_config("engine.slot_tokens=256"), [1, 14, 26], torch.float32, cpu), PathTarget)  # inprocess
+        target_factory(tiny_config("engine.mode=colocated", "engine.slot_tokens=256"), [1, 14, 26], torch.float32, cpu)
+    assert isinstance(target_factory(tiny_config("engine.slot_tokens=256"), [1, 14, 26], torch.float32, cpu), PathTarget)  # inprocess
 
 
 def _group_port_rank(rank: int, world: int, init: str, out: str) -> None:
@@ -503,30 +504,43 @@ def test_bad_engine_values_name_the_key(overrides, key):
         tiny_config(*overrides)
 
 
-def test_target_recipe_per_engine(tmp_path, fake, monkeypatch):
+def test_every_feature_engine_has_a_factory_maker_and_runs_in_known_modes():
+    assert all(kind.factory in MAKERS and kind.modes and set(kind.modes) <= set(MODES) for kind in FEATURE_ENGINES.values())
+
+
+def test_the_config_reads_engine_names_and_modes_from_the_registry(monkeypatch):
+    with pytest.raises(ValueError, match=r"config engine.name: unknown engine 'other' \(known: hf, sglang\)"):
+        tiny_config("engine.name=other")
+    monkeypatch.setitem(FEATURE_ENGINES, "other", FeatureEngineKind(PathTarget, ("colocated",)))
+    with pytest.raises(ValueError, match="config engine.mode: engine other runs in mode colocated, not inprocess"):
+        tiny_config("engine.name=other")
+    assert tiny_config("engine.name=other", "engine.mode=colocated").engine.name == "other"
+
+
+def test_target_factory_per_engine(tmp_path, fake, monkeypatch):
     model = target_dir(tmp_path / "model", "WrapperForConditionalGeneration", 61, multimodal=True)
     gpu = Parallel(rank=0, world=2, local_rank=1, device=torch.device("cuda", 1))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: HOPPER)  # the only CUDA call made
-    assert isinstance(target_recipe(tiny_config(), [1, 14, 26], torch.float32, gpu), PathTarget)
+    assert isinstance(target_factory(tiny_config(), [1, 14, 26], torch.float32, gpu), PathTarget)
     cfg = tiny_config("engine=sglang", "engine.sglang.tp_size=2", "target=local", f"target.path={model}", "engine.sglang.dist_port=29650")
     monkeypatch.setenv(SOURCE_ENV, str(fake.package_dir))
     monkeypatch.setenv("LOCAL_SIZE", "2")
-    recipe = target_recipe(cfg, KIMI_IDS, torch.bfloat16, gpu)  # preflight passes
-    assert isinstance(recipe, SGLangTarget) and (recipe.tp_rank, recipe.dist_port) == (1, 29650)
-    assert recipe.attention_backend == "triton"  # the fake install carries no sgl_kernel
+    factory = target_factory(cfg, KIMI_IDS, torch.bfloat16, gpu)  # preflight passes
+    assert isinstance(factory, SGLangTarget) and (factory.tp_rank, factory.dist_port) == (1, 29650)
+    assert factory.attention_backend == "triton"  # the fake install carries no sgl_kernel
     with pytest.raises(ValueError, match="captures the inputs of layers"):
-        target_recipe(cfg, [2, 30, 57], torch.bfloat16, gpu)
+        target_factory(cfg, [2, 30, 57], torch.bfloat16, gpu)
     with pytest.raises(ValueError, match="config engine.name: sglang runs the target on CUDA GPUs"):
-        target_recipe(cfg, KIMI_IDS, torch.bfloat16, Parallel(0, 1, 0, torch.device("cpu")))
+        target_factory(cfg, KIMI_IDS, torch.bfloat16, Parallel(0, 1, 0, torch.device("cpu")))
     monkeypatch.setenv("LOCAL_SIZE", "3")
     with pytest.raises(ValueError, match="config engine.sglang.tp_size: 2 does not divide the 3 trainer ranks"):
-        target_recipe(cfg, KIMI_IDS, torch.bfloat16, gpu)
+        target_factory(cfg, KIMI_IDS, torch.bfloat16, gpu)
     # SmolLM2's 9 heads cannot be split over 2 GPUs: refused before an engine starts, naming the key
     monkeypatch.setenv("LOCAL_SIZE", "2")
     odd = target_dir(tmp_path / "odd", "WrapperForConditionalGeneration", 61, multimodal=True, heads=9, kv_heads=3)
     cfg = tiny_config("engine=sglang", "engine.sglang.tp_size=2", "target=local", f"target.path={odd}", "engine.sglang.dist_port=29650")
     with pytest.raises(ValueError, match=r"config engine.sglang.tp_size: tp_size 2 does not divide the target's 9 attention heads"):
-        target_recipe(cfg, KIMI_IDS, torch.bfloat16, gpu)
+        target_factory(cfg, KIMI_IDS, torch.bfloat16, gpu)
 
 
 @pytest.mark.parametrize(
@@ -550,9 +564,9 @@ def test_tp_size_must_split_the_heads_as_sglang_does(tmp_path, heads, kv, tp, pr
 def test_engine_sglang_on_the_embedded_default_uses_its_dequantised_dir(real, monkeypatch):
     cfg = tiny_config("engine=sglang")
     assert cfg.target.path is None
-    recipe = sglang_recipe(cfg.target, cfg.engine, [1, 14, 26], torch.bfloat16, 0, port=free_port())
-    assert recipe.path == str(embedded_target_dir())
-    checked = check_target(recipe.path, [1, 14, 26], source_dir=real.package_dir)  # a LlamaForCausalLM dir SGLang reads
+    factory = sglang_rank_factory(cfg.target, cfg.engine, [1, 14, 26], torch.bfloat16, 0, port=free_port())
+    assert factory.path == str(embedded_target_dir())
+    checked = check_target(factory.path, [1, 14, 26], source_dir=real.package_dir)  # a LlamaForCausalLM dir SGLang reads
     assert checked.architecture == "LlamaForCausalLM" and checked.ids.sglang_layer_inputs == [2, 15, 27]
 
 
@@ -619,7 +633,7 @@ def test_without_sglang_the_engine_says_how_to_install_it():
 
 @dataclass(frozen=True)
 class OutOfMemoryTarget:
-    """An engine recipe whose build runs out of GPU memory, as SGLang's weight load or KV pool can."""
+    """A target factory whose build runs out of GPU memory, as SGLang's weight load or KV pool can."""
 
     def build(self, device: torch.device):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 GiB")

@@ -74,7 +74,7 @@ def batches(seed: int) -> list[TokenBatch]:
     return [padded, packed]
 
 
-def recipe(path: Path, **kw) -> SGLangTarget:
+def sglang_target(path: Path, **kw) -> SGLangTarget:
     # triton attention: one backend for MHA and MLA at any head size
     return SGLangTarget(
         path=str(path),
@@ -110,7 +110,7 @@ def test_sglang_features_equal_transformers_features(tmp_path, kind):
     path = save_target(tmp_path, kind)
     hf = HFTargetEngine.from_path(path, list(IDS), device="cuda", dtype=torch.bfloat16)
     data = batches(0)
-    with TargetSource(recipe(path), engine=hf) as source:  # the engine must report the same ids, layers, width
+    with TargetSource(sglang_target(path), engine=hf) as source:  # the engine must report the same ids, layers, width
         with open_feature_stream(SETTINGS, source, data, "cuda") as stream:
             got = [(fb.aux.cpu().clone(), fb.final.cpu().clone()) for fb in stream]
     assert len(got) == len(data)
@@ -126,7 +126,7 @@ def test_each_aux_block_is_the_requested_layer_not_a_neighbour(tmp_path):
     path = save_target(tmp_path, "deepseek_v3")
     hf = HFTargetEngine.from_path(path, list(IDS), device="cuda", dtype=torch.bfloat16)
     tokens = batches(1)[0]
-    with TargetSource(recipe(path)) as source, open_feature_stream(SETTINGS, source, [tokens], "cuda") as stream:
+    with TargetSource(sglang_target(path)) as source, open_feature_stream(SETTINGS, source, [tokens], "cuda") as stream:
         aux = next(stream).aux.float().cpu()
     t = tokens.to("cuda")
     mask = (torch.arange(t.input_ids.shape[1], device="cuda")[None, :] < t.lengths[:, None]).long()
@@ -143,7 +143,10 @@ def test_each_aux_block_is_the_requested_layer_not_a_neighbour(tmp_path):
 def test_dummy_weights_give_features_of_the_right_shape(tmp_path):
     path = save_target(tmp_path, "llama")
     tokens = batches(2)[0]
-    with TargetSource(recipe(path, load_format="dummy")) as source, open_feature_stream(SETTINGS, source, [tokens], "cuda") as stream:
+    with (
+        TargetSource(sglang_target(path, load_format="dummy")) as source,
+        open_feature_stream(SETTINGS, source, [tokens], "cuda") as stream,
+    ):
         fb = next(stream)
         assert fb.aux.shape == (3, 64, 3 * 256) and fb.final.shape == (3, 64, 256) and fb.aux.dtype == torch.bfloat16
         assert torch.isfinite(fb.aux).all()

@@ -135,7 +135,7 @@ def _lines(path):
 
 
 def test_pipeline_counts_follow_ups_resume_and_dedup_against_the_source(tiny_target, tmp_path):
-    backend = G.open_backend(G.EngineSettings(target=str(tiny_target), device="cpu", dtype="float32"))
+    backend = G.open_backend(G.GeneratorSettings(target=str(tiny_target), device="cpu", dtype="float32"))
     planner = Planner({"food": "food", "music": "music"}, POOL, seed=0, shots=2, follow_up_fraction=1.0)
     out = tmp_path / "p.jsonl"
     first = Synthesizer(backend, planner, _settings(5), [], {"generator": "tiny"}).run(out, progress=False)

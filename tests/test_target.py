@@ -1,4 +1,4 @@
-"""Target engine: aux capture equals transformers' hidden states exactly; loading; the embedded target."""
+"""The transformers feature engine: aux capture equals transformers' hidden states exactly; loading; the embedded target."""
 
 import os
 from pathlib import Path

@@ -14,7 +14,7 @@ from models.embedded import embedded_target_dir
 from models.target import HFTargetEngine
 from models.vocab_map import build_vocab_map
 from serving.export import export_both
-from serving.formats import FORMATS, ExportSpec, read_export_config
+from serving.formats import EXPORT_FORMATS, ExportSpec, read_export_config
 from serving.verify import format_report, target_facts, verify_export, verify_exports
 from serving.verify import main as verify_main
 
@@ -211,13 +211,13 @@ def test_report_table_names_every_problem(exports, target_dir, tmp_path):
 
 def test_verify_without_engine_loops_over_every_format(exports, target_dir, tmp_path, capsys):
     root = exports["sglang"].parent
-    assert sorted(p.name for p in root.iterdir()) == sorted(FORMATS)
+    assert sorted(p.name for p in root.iterdir()) == sorted(EXPORT_FORMATS)
     assert verify_main([str(root), "--target", str(target_dir)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in lines] == ["OK"] * len(FORMATS)
-    assert [line.split(":")[0].split()[-1] for line in lines] == list(FORMATS)
+    assert [line.split()[0] for line in lines] == ["OK"] * len(EXPORT_FORMATS)
+    assert [line.split(":")[0].split()[-1] for line in lines] == list(EXPORT_FORMATS)
     broken = tmp_path / "root"
-    for engine in FORMATS:
+    for engine in EXPORT_FORMATS:
         shutil.copytree(exports[engine], broken / engine)
     _edit_weights(broken / "vllm", lambda t: t.pop("norm.weight"))
     assert verify_main([str(broken), "--target", str(target_dir)]) == 1

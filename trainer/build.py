@@ -25,7 +25,7 @@ from trainer.flops import device_peak_tflops
 from trainer.preflight import resume_path
 from trainer.schedule import RunClock, draft_optimizer, lr_factor
 from trainer.stream.feature_stream import TargetSource
-from trainer.target_setup import TargetBundle, load_target, target_recipe
+from trainer.target_setup import TargetBundle, load_target, target_factory
 from trainer.ttt import TargetLabeler, TTTObjective
 
 
@@ -98,7 +98,7 @@ def build(cfg: Config, par: Parallel, ckpt_root: Path) -> Built:
     init = initial_draft(cfg.draft, head, configured)  # draft.init_from, checked against this target and config
     shape = init.shape if init else configured
     identity = RunIdentity(cfg, head.info, shape, ckpt.tensor_digest(head.embed_weight), dtype, par.world)
-    source = TargetSource(target_recipe(cfg, ids, dtype, par), engine=target.engine, info=head.info)
+    source = TargetSource(target_factory(cfg, ids, dtype, par), engine=target.engine, info=head.info)
     data = prepare_data(cfg.data, head.tokenizer, cfg.trainer.seed, cfg.trainer.eval_prompts_file)
     loader = data.train_loader(train_batcher(cfg.data, target.pad_id), par.rank, par.world)
     prompts, prompt_origin = eval_prompt_set(cfg, data)
@@ -204,8 +204,8 @@ def deepspeed_model(
     opt = draft_optimizer(params, s, device)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(s, step, total, clock.time_frac))
     config = deepspeed_config(cfg, dtype == torch.bfloat16)
-    engine, *_ = deepspeed.initialize(model=objective, optimizer=opt, lr_scheduler=sched, config=config)
-    return engine
+    ds_model, *_ = deepspeed.initialize(model=objective, optimizer=opt, lr_scheduler=sched, config=config)
+    return ds_model
 
 
 def check_resume(cfg: Config, path: Path, now: dict) -> None:

@@ -104,7 +104,7 @@ def _set_rng_state(state: dict) -> None:
 
 
 def save(
-    engine,
+    ds_model,
     root: Path,
     pos: Position,
     data_state: dict,
@@ -124,7 +124,7 @@ def save(
         tmp.mkdir(parents=True)
     torch.distributed.barrier()
     try:
-        engine.save_checkpoint(
+        ds_model.save_checkpoint(
             str(tmp), tag=STATE_TAG, client_state={"rng": _rng_state()}, save_latest=False, exclude_frozen_parameters=True
         )
         torch.distributed.barrier()
@@ -165,10 +165,10 @@ def _load_trained(src: dict, dst: torch.nn.Module) -> None:
         raise ValueError(f"checkpoint state does not match the draft: missing {missing}, unexpected {unexpected}")
 
 
-def load(engine, path: Path) -> tuple[Position, dict]:
+def load(ds_model, path: Path) -> tuple[Position, dict]:
     """Restore DeepSpeed state and RNG from ``path``; returns the position and the data loader state."""
     meta = read_meta(path)
-    load_path, client = engine.load_checkpoint(
+    load_path, client = ds_model.load_checkpoint(
         str(path), tag=STATE_TAG, load_optimizer_states=True, load_lr_scheduler_states=True, custom_load_fn=_load_trained
     )
     if load_path is None:

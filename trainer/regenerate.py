@@ -56,17 +56,17 @@ from tqdm import tqdm  # noqa: E402
 
 from serving.jsonl import json_lines  # noqa: E402
 from trainer.data.conversation import Conversation  # noqa: E402
-from trainer.data.sources import FORMATS, read_source  # noqa: E402
+from trainer.data.sources import DATA_FORMATS, read_source  # noqa: E402
 from trainer.datagen.gen_backend import (  # noqa: E402
     DTYPES,
-    ENGINES,
+    GENERATORS,
     Backend,
-    EngineSettings,
     GenerationSettings,
+    GeneratorSettings,
     default_batch_size,
-    engine_arg,
     generate_chats,
-    resolve_engine,
+    resolve_generator,
+    sglang_arg,
 )
 from trainer.datagen.record_ids import done_ids, record_id  # noqa: E402
 from trainer.datagen.replicas import open_generator  # noqa: E402
@@ -234,12 +234,12 @@ def generation_meta(backend: Backend, settings: GenerationSettings) -> dict:
     return {"target": str(backend.path), "engine": backend.name, **{k: v for k, v in asdict(settings).items() if k != "batch_size"}}
 
 
-def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+def add_generator_arguments(p: argparse.ArgumentParser) -> None:
     """The generator options ``trainer.regenerate`` and ``trainer.synthesize`` share."""
     p.add_argument(
         "--engine",
         default="hf",
-        choices=ENGINES,
+        choices=GENERATORS,
         help="hf: transformers generate (default); sglang: SGLang's offline "
         "engine (GPU); auto: sglang when importable and on a GPU, else hf",
     )
@@ -275,9 +275,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def engine_of(args: argparse.Namespace) -> tuple[EngineSettings, int]:
-    """(the engine settings the arguments name, the batch size: given or the engine's default)."""
-    engine = EngineSettings(
+def generator_of(args: argparse.Namespace) -> tuple[GeneratorSettings, int]:
+    """(the generator settings the arguments name, the batch size: given or the generator's default)."""
+    generator = GeneratorSettings(
         args.engine,
         args.target,
         args.device,
@@ -288,9 +288,9 @@ def engine_of(args: argparse.Namespace) -> tuple[EngineSettings, int]:
         args.mem_fraction_static,
         args.seed,
         args.replicas,
-        tuple(engine_arg(a) for a in args.sglang_arg),
+        tuple(sglang_arg(a) for a in args.sglang_arg),
     )
-    return engine, args.batch_size or default_batch_size(resolve_engine(args.engine), args.device) * args.replicas
+    return generator, args.batch_size or default_batch_size(resolve_generator(args.engine), args.device) * args.replicas
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -298,7 +298,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, type=Path, help="OpenAI-messages jsonl to write (appended to; done ids skipped)")
     p.add_argument("--prompts", type=Path, default=None, help="a prompt file (prompt / messages / turns records) instead of a source")
     p.add_argument("--sources", nargs="+", default=None, help="with --prompts: only the records of these sources (their 'source' key)")
-    p.add_argument("--format", default="chatterbot", choices=FORMATS, help="source format (default: chatterbot)")
+    p.add_argument("--format", default="chatterbot", choices=DATA_FORMATS, help="source format (default: chatterbot)")
     p.add_argument("--path", default=None, help="source file or directory (every format but chatterbot)")
     p.add_argument("--languages", nargs="+", default=["english"], help="chatterbot languages")
     p.add_argument("--split", default=None, help="hf_disk: the DatasetDict split")
@@ -308,13 +308,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
-    add_engine_arguments(p)
+    add_generator_arguments(p)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> RegenReport:
     args = _parser().parse_args(argv)
-    engine, batch_size = engine_of(args)
+    generator, batch_size = generator_of(args)
     settings = GenerationSettings(args.max_new_tokens, args.temperature, args.top_p, batch_size, args.seed)
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
@@ -332,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> RegenReport:
         skipped = {k: v for k, v in stats.as_dict().items() if v and k in ("malformed", "no_assistant", "duplicates")}
         extras, described = None, f"source {args.format}: {stats.conversations} conversations (skipped: {skipped or 'none'})"
     convs, extras = convs[: args.limit], extras and extras[: args.limit]
-    backend = open_generator(engine)
+    backend = open_generator(generator)
     try:
         print(f"{described}; regenerating {len(convs)} with {backend.path} ({backend.name}, {batch_size} a batch)")
         report = regenerate(convs, backend, args.output, settings, generation_meta(backend, settings), extras=extras)

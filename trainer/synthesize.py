@@ -34,7 +34,7 @@ from typing import Sequence
 
 from serving.usage import PlainHelp
 from trainer.config import DataConfig, DataSourceConfig
-from trainer.data import FORMATS, read_chatterbot, read_source
+from trainer.data import DATA_FORMATS, read_chatterbot, read_source
 from trainer.data_setup import Holdout, chatterbot_languages_of
 from trainer.datagen.gen_backend import GenerationSettings
 from trainer.datagen.record_ids import record_id
@@ -43,7 +43,7 @@ from trainer.datagen.synth.filters import FilterSettings
 from trainer.datagen.synth.instructions import Example, Planner, examples_of
 from trainer.datagen.synth.pipeline import Synthesizer, SynthReport, SynthSettings
 from trainer.datagen.synth.seeds import CATEGORIES
-from trainer.regenerate import add_engine_arguments, engine_of, generation_meta, prompt_conversations, regenerate
+from trainer.regenerate import add_generator_arguments, generation_meta, generator_of, prompt_conversations, regenerate
 
 
 def source_side(args: argparse.Namespace) -> tuple[tuple[Example, ...], list[tuple[str, str]], str]:
@@ -81,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--follow-up-fraction", type=float, default=0.25)
     p.add_argument("--shots", type=int, default=3, help="example prompts shown per job")
     p.add_argument("--max-jobs", type=int, default=None, help="give up after this many jobs (default: 10 x --n-prompts)")
-    p.add_argument("--format", default="chatterbot", choices=FORMATS, help="the source of example prompts (default: chatterbot)")
+    p.add_argument("--format", default="chatterbot", choices=DATA_FORMATS, help="the source of example prompts (default: chatterbot)")
     p.add_argument("--path", default=None, help="source file or directory (every format but chatterbot)")
     p.add_argument("--languages", nargs="+", default=["english"], help="chatterbot languages")
     p.add_argument("--holdout-fraction", type=float, default=0.1, help="the trainer's data.holdout_fraction")
@@ -94,13 +94,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--min-words", type=int, default=FilterSettings.min_words)
     p.add_argument("--min-ascii", type=float, default=FilterSettings.min_ascii)
     p.add_argument("--min-stopwords", type=float, default=FilterSettings.min_stopwords)
-    add_engine_arguments(p)  # the generator: --engine, --target, --batch-size (jobs per batch), ...
+    add_generator_arguments(p)  # the generator: --engine, --target, --batch-size (jobs per batch), ...
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> SynthReport:
     args = _parser().parse_args(argv)
-    engine, batch_size = engine_of(args)
+    generator, batch_size = generator_of(args)
     writer = GenerationSettings(args.max_new_tokens, args.temperature, args.top_p, batch_size, args.seed)
     answer = GenerationSettings(args.answer_max_new_tokens, 0.0, 1.0, batch_size, args.seed)
     filters = FilterSettings(args.min_chars, args.max_chars, args.min_words, args.min_ascii, args.min_stopwords)
@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> SynthReport:
     pool, known, split = source_side(args)
     categories = {k: v for k, v in CATEGORIES.items() if k not in set(args.holdout_categories or ())}
     planner = Planner(categories, pool, args.seed, args.shots, args.follow_up_fraction)
-    backend = open_generator(engine)
+    backend = open_generator(generator)
     try:
         meta = {
             "generator": str(backend.path),

@@ -1,6 +1,6 @@
 """From config to the target as the trainer holds it: its head (plus the whole target in
-inprocess mode), the target loaded for one serving eval, and the recipe an engine process
-builds the target from (``engine=sglang``: after the SGLang preflight)."""
+inprocess mode), the target loaded for one serving eval, and the target factory an engine
+process builds the target from (``engine=sglang``: after the SGLang preflight)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import torch
 
 from models.embedded import embedded_target_dir
 from models.engines import PathTarget, TargetFactory
+from models.feature_engines import FEATURE_ENGINES
 from models.sglang_preflight import check_target, choose_attention_backend, tp_size_problem
 from models.sglang_target import SGLangTarget
 from models.target import HFTargetEngine, load_tokenizer
@@ -81,10 +82,10 @@ def with_eval_target(
             torch.cuda.empty_cache()
 
 
-def sglang_recipe(
+def sglang_rank_factory(
     target: TargetConfig, engine: EngineConfig, ids: Sequence[int], dtype: torch.dtype, local_rank: int, port: int | None = None
 ) -> SGLangTarget:
-    """engine=sglang's recipe for the engine process of ``local_rank``: rank ``local_rank % tp_size``
+    """engine=sglang's target factory for the engine process of ``local_rank``: rank ``local_rank % tp_size``
     of TP group ``local_rank // tp_size``, which meets on port ``dist_port + group``, or on ``port``
     (the group's free port, ``trainer.dist.group_port``) when ``engine.sglang.dist_port`` is null.
     With no ``target.path`` SGLang loads the embedded default's dequantised dir (``embedded_target_dir``)."""
@@ -120,31 +121,44 @@ def local_world_size(par: Parallel) -> int:
     return int(os.environ.get("LOCAL_SIZE") or os.environ.get("LOCAL_WORLD_SIZE") or par.world)
 
 
-def target_recipe(cfg: Config, ids: Sequence[int], dtype: torch.dtype, par: Parallel) -> TargetFactory:
-    """The recipe an engine process builds the target from, per ``engine.name``. For sglang the
-    preflight runs here, before any weight is loaded or any step is taken, and picks the attention
-    backend this install can run (models/sglang_preflight.py). In colocated mode a ring slot must hold the
-    largest batch (``data.max_tokens``): a batch that does not fit would stop the run when it comes."""
-    slot, batch = cfg.engine.slot_tokens, cfg.data.max_tokens
-    if cfg.engine.mode == "colocated" and slot is not None and slot < batch:
-        raise ValueError(
-            f"config engine.slot_tokens: a ring slot of {slot} tokens is smaller than a batch, up to data.max_tokens={batch}; "
-            f"set engine.slot_tokens={batch} (its default, ${{data.max_tokens}}) or lower data.max_tokens"
-        )
-    if cfg.engine.name == "hf":
-        return PathTarget(cfg.target.path, tuple(ids), dtype)
+def hf_factory(cfg: Config, ids: Sequence[int], dtype: torch.dtype, par: Parallel) -> PathTarget:
+    """engine=hf's target factory: ``target.path`` (None: the embedded default) in transformers."""
+    return PathTarget(cfg.target.path, tuple(ids), dtype)
+
+
+def sglang_factory(cfg: Config, ids: Sequence[int], dtype: torch.dtype, par: Parallel) -> SGLangTarget:
+    """engine=sglang's target factory for this rank, after the preflight: it runs here, before any
+    weight is loaded or any step is taken, and picks the attention backend this install can run
+    (models/sglang_preflight.py)."""
     if par.device.type != "cuda":
         raise ValueError(f"config engine.name: sglang runs the target on CUDA GPUs; this trainer runs on {par.device}")
     tp, local = cfg.engine.sglang.tp_size, local_world_size(par)
     if local % tp:
         raise ValueError(f"config engine.sglang.tp_size: {tp} does not divide the {local} trainer ranks of a node (each runs one TP rank)")
     port = group_port(par, tp) if cfg.engine.sglang.dist_port is None else None
-    recipe = sglang_recipe(cfg.target, cfg.engine, ids, dtype, par.local_rank, port)
-    check_target(recipe.path, ids)
-    problem = tp_size_problem(recipe.path, tp)
+    factory = sglang_rank_factory(cfg.target, cfg.engine, ids, dtype, par.local_rank, port)
+    check_target(factory.path, ids)
+    problem = tp_size_problem(factory.path, tp)
     if problem is not None:
-        raise ValueError(f"config engine.sglang.tp_size: {problem} ({recipe.path}/config.json); choose a tp_size that does")
-    choice = choose_attention_backend(recipe.attention_backend, torch.cuda.get_device_capability(par.device))
+        raise ValueError(f"config engine.sglang.tp_size: {problem} ({factory.path}/config.json); choose a tp_size that does")
+    choice = choose_attention_backend(factory.attention_backend, torch.cuda.get_device_capability(par.device))
     if par.rank == 0:
         print(f"engine=sglang: {choice.describe()}", flush=True)
-    return replace(recipe, attention_backend=choice.backend)
+    return replace(factory, attention_backend=choice.backend)
+
+
+FactoryMaker = Callable[[Config, Sequence[int], torch.dtype, Parallel], TargetFactory]
+MAKERS: dict[type, FactoryMaker] = {PathTarget: hf_factory, SGLangTarget: sglang_factory}  # the maker of each FEATURE_ENGINES factory class
+
+
+def target_factory(cfg: Config, ids: Sequence[int], dtype: torch.dtype, par: Parallel) -> TargetFactory:
+    """The target factory an engine process builds the target from: the one ``engine.name``'s
+    entry of ``FEATURE_ENGINES`` names, made by its maker. In colocated mode a ring slot must hold
+    the largest batch (``data.max_tokens``): a batch that does not fit would stop the run when it comes."""
+    slot, batch = cfg.engine.slot_tokens, cfg.data.max_tokens
+    if cfg.engine.mode == "colocated" and slot is not None and slot < batch:
+        raise ValueError(
+            f"config engine.slot_tokens: a ring slot of {slot} tokens is smaller than a batch, up to data.max_tokens={batch}; "
+            f"set engine.slot_tokens={batch} (its default, ${{data.max_tokens}}) or lower data.max_tokens"
+        )
+    return MAKERS[FEATURE_ENGINES[cfg.engine.name].factory](cfg, ids, dtype, par)

@@ -43,7 +43,7 @@ from trainer.data.conversation import ON_ERROR, ROLES, Conversation, MalformedRe
 from trainer.data.loader import MixLoader
 from trainer.data.mix import Mix
 from trainer.data.sources import (
-    FORMATS,
+    DATA_FORMATS,
     chatterbot_categories,
     chatterbot_conversations,
     chatterbot_languages,
@@ -84,7 +84,7 @@ __all__ = [
     "parse_sharegpt",
     "MixLoader",
     "Mix",
-    "FORMATS",
+    "DATA_FORMATS",
     "ON_ERROR",
     "chatterbot_categories",
     "chatterbot_conversations",

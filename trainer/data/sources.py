@@ -46,7 +46,8 @@ from trainer.data.files import data_files, hf_disk_rows, local_path, read_file
 from trainer.data.stats import DatasetStats
 
 CORPUS_FORMATS = {"sharegpt_wheel": "sharegpt", "evals": "evals", "codeio": "codeio"}  # format -> corpus (trainer/data/corpora.py)
-FORMATS = ("chatterbot", "sharegpt", "ultrachat", "openai", "hf_disk", *CORPUS_FORMATS)  # what read_source reads (data.sources.NAME.format)
+# what read_source reads (data.sources.NAME.format)
+DATA_FORMATS = ("chatterbot", "sharegpt", "ultrachat", "openai", "hf_disk", *CORPUS_FORMATS)
 Parser = Callable[[object, str], Conversation]
 PARSERS: dict[str, Parser] = {"sharegpt": parse_sharegpt, "ultrachat": parse_messages, "openai": parse_messages}
 
@@ -114,8 +115,8 @@ def read_source(
     name: str = "source",
 ) -> tuple[list[Conversation], DatasetStats]:
     """The conversations of one source and its reading counters; ``name`` prefixes errors."""
-    if fmt not in FORMATS:
-        raise ValueError(f"{name}: unknown format {fmt!r} (known: {', '.join(FORMATS)})")
+    if fmt not in DATA_FORMATS:
+        raise ValueError(f"{name}: unknown format {fmt!r} (known: {', '.join(DATA_FORMATS)})")
     if fmt == "chatterbot":
         if path is not None:
             raise ValueError(f"{name}: the chatterbot format reads the packaged corpus; it takes no path (got {path!r})")

@@ -42,7 +42,7 @@ from serving.prompts import stop_ids_of  # noqa: E402
 
 log = logging.getLogger(__name__)
 
-ENGINES = ("hf", "sglang", "auto")
+GENERATORS = ("hf", "sglang", "auto")  # the backends a generator runs on (--engine)
 FINISHES = ("stop", "length")  # a generation's ends; REFUSED is the reply to a prompt that got none
 STATIC_PAD = 64  # static cache: prompts padded to a multiple of this, so compiled shapes repeat
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -56,7 +56,7 @@ SGLANG_SET = {  # ServerArgs fields the backend sets itself, and how to change t
 }
 
 
-def engine_arg(text: str) -> tuple[str, object]:
+def sglang_arg(text: str) -> tuple[str, object]:
     """``KEY=VALUE`` (``--sglang-arg``) as (KEY, VALUE): an int, a float, true / false, or the text."""
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
@@ -85,10 +85,10 @@ class GenerationSettings:
 
 
 @dataclass(frozen=True)
-class EngineSettings:
+class GeneratorSettings:
     """Which backend generates, on what, and how (``--engine`` and its options)."""
 
-    engine: str = "hf"  # hf | sglang | auto
+    name: str = "hf"  # a name of GENERATORS
     target: str | None = None  # local transformers dir (or .gguf: hf only); None: the embedded SmolLM2
     device: str = "auto"  # hf: auto | cpu | cuda[:N]
     dtype: str = "auto"  # auto: bfloat16 on a GPU, float32 on the CPU (sglang: the checkpoint's)
@@ -97,24 +97,24 @@ class EngineSettings:
     attention_backend: str = "triton"  # sglang
     mem_fraction_static: float = 0.8  # sglang
     seed: int = 0  # sglang: the engine's random seed
-    replicas: int = 1  # engines generating at once, each in its own process (trainer.datagen.replicas)
+    replicas: int = 1  # generators at once, each in its own process (trainer.datagen.replicas)
     sglang_args: tuple[tuple[str, object], ...] = ()  # sglang: more ServerArgs fields, (name, value) pairs
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError(f"--replicas must be >= 1, got {self.replicas}")
-        if self.sglang_args and self.engine == "hf":
+        if self.sglang_args and self.name == "hf":
             raise ValueError("--sglang-arg sets SGLang engine options: add --engine sglang (or auto)")
         for key, _ in self.sglang_args:
             if key in SGLANG_SET:
                 raise ValueError(f"--sglang-arg {key}: {SGLANG_SET[key]}")
-        if self.engine not in ENGINES:
-            raise ValueError(f"--engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.name not in GENERATORS:
+            raise ValueError(f"--engine must be one of {GENERATORS}, got {self.name!r}")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be auto or one of {tuple(DTYPES)}, got {self.dtype!r}")
         if self.compile and not self.static_cache:
             raise ValueError("--compile compiles the static-cache decode step: add --static-cache")
-        if self.engine == "sglang" and self.static_cache:
+        if self.name == "sglang" and self.static_cache:
             raise ValueError("--static-cache and --compile are options of --engine hf (SGLang manages its own KV cache)")
         if not 0 < self.mem_fraction_static < 1:
             raise ValueError(f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
@@ -180,32 +180,32 @@ def cut_at_stop(row: Sequence[int], stop_ids: Sequence[int]) -> tuple[list[int],
     return (list(row), "length") if end is None else (list(row[:end]), "stop")
 
 
-def default_batch_size(engine: str, device: str) -> int:
+def default_batch_size(generator: str, device: str) -> int:
     """sglang: 2048 prompts per engine call; hf: 256 prompts a batch on a GPU, 16 on the CPU."""
-    if engine == "sglang":
+    if generator == "sglang":
         return 2048
     return 256 if _device(device).type == "cuda" else 16
 
 
-def resolve_engine(engine: str) -> str:
+def resolve_generator(name: str) -> str:
     """``auto``: sglang when it is importable and a GPU is present, else hf."""
-    if engine != "auto":
-        return engine
+    if name != "auto":
+        return name
     return "sglang" if torch.cuda.is_available() and importlib.util.find_spec("sglang") is not None else "hf"
 
 
-def target_path(settings: EngineSettings) -> Path:
+def target_path(settings: GeneratorSettings) -> Path:
     """The target ``settings`` name: ``--target``, or the embedded SmolLM2 dir (built on first use)."""
     return Path(settings.target).expanduser() if settings.target is not None else _embedded_dir()
 
 
-def open_backend(settings: EngineSettings) -> Backend:
-    """The one backend ``settings.engine`` names (``auto`` resolved), loaded and ready in this
+def open_backend(settings: GeneratorSettings) -> Backend:
+    """The one backend ``settings.name`` names (``auto`` resolved), loaded and ready in this
     process (``settings.replicas`` is ``trainer.datagen.replicas``' concern)."""
     from models.target import load_tokenizer
 
     path = target_path(settings)
-    if resolve_engine(settings.engine) == "sglang":
+    if resolve_generator(settings.name) == "sglang":
         if path.is_file():
             raise ValueError(f"--engine sglang needs a transformers dir as --target, got the file {path}")
         if settings.dtype == "float32":
@@ -339,7 +339,7 @@ def sglang_reply(out: dict, tokenizer) -> Reply:
     return Reply(tokens, tokenizer.decode(tokens, skip_special_tokens=False), kind)
 
 
-def check_engine_args(args: Sequence[tuple[str, object]], known: Sequence[str], version: str) -> None:
+def check_sglang_args(args: Sequence[tuple[str, object]], known: Sequence[str], version: str) -> None:
     """ValueError for the first ``--sglang-arg`` name that is not in ``known`` (ServerArgs' fields)."""
     for key, _ in args:
         if key not in known:
@@ -352,7 +352,7 @@ class SGLangBackend:
 
     name = "sglang"
 
-    def __init__(self, path: Path, tokenizer, settings: EngineSettings):
+    def __init__(self, path: Path, tokenizer, settings: GeneratorSettings):
         from transformers import GenerationConfig
 
         sglang = import_sglang("--engine sglang")
@@ -362,7 +362,7 @@ class SGLangBackend:
         self.context_len = target_context(path, settings.sglang_args)
         from sglang.srt.server_args import ServerArgs
 
-        check_engine_args(settings.sglang_args, [f.name for f in dataclasses.fields(ServerArgs)], sglang.__version__)
+        check_sglang_args(settings.sglang_args, [f.name for f in dataclasses.fields(ServerArgs)], sglang.__version__)
         options = {"sampling_backend": "pytorch", "log_level": "error"} | dict(settings.sglang_args)
         self.engine = sglang.Engine(
             model_path=str(path),

@@ -1,4 +1,4 @@
-"""Several generation engines at once (``--replicas N``), each in its own worker process.
+"""Several generators at once (``--replicas N``), each in its own worker process.
 
 SGLang's scheduler walks its running requests in Python at every decode step; with a small
 target (SmolLM2-135M) that one process sits at 100 % of a CPU core while the GPU idles
@@ -27,7 +27,7 @@ import traceback
 from dataclasses import replace
 from typing import Sequence
 
-from trainer.datagen.gen_backend import Backend, EngineSettings, GenerationSettings, Reply, open_backend, resolve_engine, target_path
+from trainer.datagen.gen_backend import Backend, GenerationSettings, GeneratorSettings, Reply, open_backend, resolve_generator, target_path
 
 STOP = None  # the message that ends a worker
 
@@ -39,7 +39,7 @@ def kv_bytes_per_token(text_config: dict) -> int:
     return 2 * text_config["num_hidden_layers"] * text_config.get("num_key_value_heads", heads) * head_dim * 2
 
 
-def replica_settings(settings: EngineSettings, k: int, pool_tokens: int | None) -> EngineSettings:
+def replica_settings(settings: GeneratorSettings, k: int, pool_tokens: int | None) -> GeneratorSettings:
     """Replica ``k``'s settings: one engine, its own seed and, for SGLang, its KV pool capped at
     ``pool_tokens`` (a ``--sglang-arg max_total_tokens`` given lower wins)."""
     one = replace(settings, replicas=1, seed=settings.seed + k)
@@ -51,9 +51,9 @@ def replica_settings(settings: EngineSettings, k: int, pool_tokens: int | None) 
     return replace(one, sglang_args=args)
 
 
-def pool_tokens(settings: EngineSettings) -> int | None:
+def pool_tokens(settings: GeneratorSettings) -> int | None:
     """Each SGLang replica's KV pool in tokens: its share of the GPU memory free now; None for transformers."""
-    if resolve_engine(settings.engine) != "sglang":
+    if resolve_generator(settings.name) != "sglang":
         return None
     import torch
 
@@ -64,7 +64,7 @@ def pool_tokens(settings: EngineSettings) -> int | None:
     return int(share * free / kv_bytes_per_token(read_text_config(target_path(settings))[1]))
 
 
-def _serve(conn, settings: EngineSettings, threads: int) -> None:
+def _serve(conn, settings: GeneratorSettings, threads: int) -> None:
     """A worker: open one backend, then answer (prompts, settings, seed) messages until STOP."""
     import torch
 
@@ -88,7 +88,7 @@ def _serve(conn, settings: EngineSettings, threads: int) -> None:
 class ReplicatedBackend:
     """``settings.replicas`` backends in worker processes behind the one Backend interface."""
 
-    def __init__(self, settings: EngineSettings):
+    def __init__(self, settings: GeneratorSettings):
         from models.target import load_tokenizer
 
         if settings.replicas < 2:
@@ -173,7 +173,7 @@ class ReplicatedBackend:
         self.procs, self.conns = [], []
 
 
-def open_generator(settings: EngineSettings) -> Backend:
+def open_generator(settings: GeneratorSettings) -> Backend:
     """The backend ``settings`` names: one engine in this process, or ``settings.replicas``
     engines in worker processes."""
     return ReplicatedBackend(settings) if settings.replicas > 1 else open_backend(settings)

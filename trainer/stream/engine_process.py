@@ -1,7 +1,7 @@
 """The engine process: a target feature engine in its own process, filling the trainer's ring.
 
 The trainer starts it (``EngineProcess``, spawn start method, one per trainer device),
-owns it and stops it. The engine process builds its own target from a picklable recipe
+owns it and stops it. The engine process builds its own target from a picklable target factory
 (``models.engines``), reports the target's ``TargetInfo``, receives the feature
 ring the trainer allocated (once), then serves token batches in the order they arrive.
 

@@ -1,4 +1,4 @@
-"""The seam between target engine and trainer: an iterator of feature batches.
+"""The seam between feature engine and trainer: an iterator of feature batches.
 
 Two modes (``engine.mode``), one interface (``open_feature_stream``):
 
@@ -191,7 +191,7 @@ class ColocatedStream:
         self.close()
 
 
-class EngineSettings(Protocol):
+class FeatureEngineSettings(Protocol):
     """The fields of ``trainer.config.EngineConfig`` that streams read."""
 
     mode: str
@@ -204,7 +204,7 @@ class EngineSettings(Protocol):
 class TargetSource:
     """Where features come from, for either mode.
 
-    ``factory`` is the picklable recipe an engine process builds the target from
+    ``factory`` is the picklable target factory an engine process builds the target from
     (``PathTarget``, ``RandomTarget``); ``engine`` is the trainer's own target for the
     ``inprocess`` mode (built from ``factory`` on first use when not given). The engine
     process of the ``colocated`` mode is started by the first colocated stream and serves
@@ -224,7 +224,7 @@ class TargetSource:
             self._engine = self.factory.build(torch.device(device))
         return self._engine
 
-    def colocated(self, cfg: EngineSettings, device: torch.device) -> EngineProcess:
+    def colocated(self, cfg: FeatureEngineSettings, device: torch.device) -> EngineProcess:
         """The running engine process for ``device``, started if there is none."""
         if cfg.slot_tokens is None:
             raise ValueError("config engine.slot_tokens: the colocated mode needs a slot size (conf/engine sets it to ${data.max_tokens})")
@@ -271,7 +271,7 @@ class TargetSource:
 
 
 def open_feature_stream(
-    cfg_engine: EngineSettings, target_source: TargetSource, batches: Iterable[TokenBatch], device: torch.device
+    cfg_engine: FeatureEngineSettings, target_source: TargetSource, batches: Iterable[TokenBatch], device: torch.device
 ) -> InProcessStream | ColocatedStream:
     """The feature stream of ``cfg_engine.mode`` over ``batches`` (an iterator and a context manager)."""
     if cfg_engine.mode == "inprocess":
@@ -284,7 +284,7 @@ def open_feature_stream(
 __all__ = [
     "ColocatedStream",
     "EngineError",
-    "EngineSettings",
+    "FeatureEngineSettings",
     "InProcessStream",
     "StreamStats",
     "TargetSource",
