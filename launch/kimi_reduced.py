@@ -39,7 +39,7 @@ from models.embedded import embedded_target_dir  # noqa: E402
 ARCHITECTURE = "DeepseekV3ForCausalLM"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 # config fields SGLang 0.5.14 reads as ``config.<field>`` in models/deepseek_v2.py with no default
-# (tests/test_kimi_reduced.py derives the list from the source when it is unpacked). The rope
+# (tests/launch/test_kimi_reduced.py derives the list from the source when it is unpacked). The rope
 # fields are read as rope_parameters (transformers v5 builds it from rope_theta + rope_scaling);
 # quantization_config only behind an fp8 shared-expert check.
 SGLANG_READS = (

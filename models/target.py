@@ -10,7 +10,7 @@ call, and returns the body's final normed hidden state beside it.
 
 A packed batch (``TokenBatch.doc_ids``, several documents a row) runs with position ids that
 restart at each document and a block-diagonal causal 4D mask, so every document's features
-are those it has alone (tests/test_packing.py).
+are those it has alone (tests/trainer/test_packing.py).
 """
 
 from __future__ import annotations
