@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
+from models import hub  # noqa: E402
 from models.embedded import embedded_target_dir  # noqa: E402
 
 ARCHITECTURE = "DeepseekV3ForCausalLM"
@@ -228,6 +229,7 @@ def write_target(
 
 
 def main(argv: list[str] | None = None) -> dict:
+    hub.offline()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path, help="the target dir to write")
     p.add_argument("--full", action="store_true", help="Kimi-K2.5's real 61 layers / 384 INT4 experts (the 8-GPU run)")

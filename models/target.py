@@ -15,20 +15,16 @@ are those it has alone (tests/trainer/test_packing.py).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-# Nothing is ever fetched from a hub; huggingface_hub reads this once, at import.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import torch
+from torch import Tensor, nn
+from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
 
-import torch  # noqa: E402
-from torch import Tensor, nn  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel  # noqa: E402
-
-from models.attention import document_causal_mask  # noqa: E402
-from models.aux_ids import AuxLayerIds  # noqa: E402
-from models.batch import FeatureBatch, TokenBatch  # noqa: E402
+from models.attention import document_causal_mask
+from models.aux_ids import AuxLayerIds
+from models.batch import FeatureBatch, TokenBatch
 
 
 @dataclass(frozen=True)
