@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
+from models import hub  # noqa: E402
 from trainer.data import read_source  # noqa: E402
 from trainer.datagen.gen_backend import GenerationSettings, GeneratorSettings, chat_ids, sglang_arg  # noqa: E402
 from trainer.datagen.replicas import open_generator  # noqa: E402
@@ -114,6 +115,7 @@ def measure(name: str, variant: Variant, chats: list[list[dict]], args: argparse
 
 
 def main() -> None:
+    hub.offline()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("bench_generate.json"))
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
+from models import hub  # noqa: E402
 from trainer.config import register_schema, to_config  # noqa: E402
 from trainer.data import PackedBatcher, PaddedBatcher  # noqa: E402
 from trainer.loop import Trainer  # noqa: E402
@@ -71,6 +72,7 @@ def measure(trainer: Trainer, batchers: dict) -> dict[str, dict]:
 
 
 def main() -> None:
+    hub.offline()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("bench_packing.json"))
     parser.add_argument("overrides", nargs="*", help="Hydra overrides (after DEFAULTS)")

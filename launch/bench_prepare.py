@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout: no install needed
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
+from models import hub  # noqa: E402
 from models.embedded import embedded_target_dir  # noqa: E402
 from models.target import load_tokenizer  # noqa: E402
 from trainer.config import register_schema, to_config  # noqa: E402
@@ -38,6 +39,7 @@ def digest(samples) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    hub.offline()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("bench_prepare.json"))
     p.add_argument("overrides", nargs="*", help="Hydra overrides (after --)")

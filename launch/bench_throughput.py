@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
+from models import hub  # noqa: E402
 from models.batch import FeatureBatch, TokenBatch  # noqa: E402
 from models.draft import DraftShape, Eagle3Draft, Pointwise, draft_shape_for  # noqa: E402
 from models.engines import RandomTarget, TargetFactory  # noqa: E402
@@ -545,6 +546,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    hub.offline()
     args = parse_args(argv)
     if args.tiny:
         torch.set_num_threads(1)  # tiny ops: threads only contend (the engine process takes the same count)

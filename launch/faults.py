@@ -57,7 +57,7 @@ from typing import Callable, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "LOCAL_WORLD_SIZE")  # each run sets up its own
 GPU_FIRST_TOLERANCE, GPU_TOLERANCE = 1e-3, 2e-2  # relative loss differences a bf16 GPU resume may show (docs/RELIABILITY.md)
-CPU_RUN = [  # tests/tiny.py's sizes: a run of seconds a step on a 2-core CPU
+CPU_RUN = [  # tests/fixtures/tiny.py's sizes: a run of seconds a step on a 2-core CPU
     "trainer.device=cpu",
     "data.max_conversations=48",
     "data.max_eval_conversations=16",

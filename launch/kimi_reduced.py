@@ -34,12 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
+from models import hub  # noqa: E402
 from models.embedded import embedded_target_dir  # noqa: E402
 
 ARCHITECTURE = "DeepseekV3ForCausalLM"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 # config fields SGLang 0.5.14 reads as ``config.<field>`` in models/deepseek_v2.py with no default
-# (tests/test_kimi_reduced.py derives the list from the source when it is unpacked). The rope
+# (tests/launch/test_kimi_reduced.py derives the list from the source when it is unpacked). The rope
 # fields are read as rope_parameters (transformers v5 builds it from rope_theta + rope_scaling);
 # quantization_config only behind an fp8 shared-expert check.
 SGLANG_READS = (
@@ -228,6 +229,7 @@ def write_target(
 
 
 def main(argv: list[str] | None = None) -> dict:
+    hub.offline()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path, help="the target dir to write")
     p.add_argument("--full", action="store_true", help="Kimi-K2.5's real 61 layers / 384 INT4 experts (the 8-GPU run)")

@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+from models import hub
 from serving.usage import PlainHelp
 from trainer.datagen.gen_backend import GenerationSettings, GeneratorSettings, default_batch_size
 from trainer.datagen.replicas import open_generator
@@ -179,6 +180,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    hub.offline()
     args = _parser().parse_args(argv)
     for name in ("train_prompts.jsonl.gz", *(f"heldout_{h}.jsonl" for h in HELDOUT)):
         if not (args.corpora / name).is_file():

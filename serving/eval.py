@@ -29,6 +29,7 @@ from typing import Sequence
 import torch
 from tqdm import tqdm
 
+from models import hub
 from serving.export import load_export
 from serving.formats import DEFAULT_SPECULATIVE_TOKENS, read_export_config
 from serving.prompts import PromptSpec, ask, read_prompt_file, render, stop_ids_of
@@ -270,6 +271,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    hub.offline()
     args = _parser().parse_args(argv)
     from models.embedded import embedded_target_dir
     from models.target import HFTargetEngine, load_tokenizer

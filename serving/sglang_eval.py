@@ -24,6 +24,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from models import hub
 from serving.eval import ratio_se
 from serving.prompts import Message, PromptSpec, read_prompt_file, render
 from serving.usage import PlainHelp
@@ -146,6 +147,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    hub.offline()
     args = _parser().parse_args(argv)
     from models.embedded import embedded_target_dir
 

@@ -1,4 +1,4 @@
-"""Test-session environment: offline wandb, cached DeepSpeed helper and embedded target."""
+"""Test-session environment: offline wandb and hub, cached DeepSpeed helper and embedded target."""
 
 import os
 from pathlib import Path
@@ -11,6 +11,7 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
 os.environ.setdefault("STREAMDRAFT_CACHE", str(ROOT / ".cache" / "streamdraft"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing fetched from a hub, as the command-line tools set it
 
 
 def pytest_collection_modifyitems(config, items):

@@ -151,7 +151,7 @@ def test_no_import_cycles_between_folders():
 
 def test_tests_import_launch_as_a_package():
     """Tests import ``launch.*`` like every other package (``launch/__init__.py``), never by editing the import path."""
-    edits = [p.name for p in sorted((ROOT / "tests").glob("*.py")) if "sys." + "path" in p.read_text()]
+    edits = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "tests").rglob("*.py")) if "sys." + "path" in p.read_text()]
     assert edits == []
 
 

@@ -18,6 +18,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from models import hub
 from trainer import console
 from trainer.config import register_schema, to_config
 from trainer.help import help_text
@@ -30,6 +31,7 @@ log = logging.getLogger("trainer")
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    hub.offline()
     console.log_levels()
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)

@@ -11,6 +11,8 @@ import runpy
 import sys
 from collections.abc import Sequence
 
+from models import hub
+
 COMMANDS = {  # command -> (module run as __main__, what it does)
     "train": ("trainer", "train a draft (the Hydra app; overrides as arguments)"),
     "regenerate": ("trainer.regenerate", "the target answers a source's or a prompt file's user turns"),
@@ -34,6 +36,7 @@ def usage() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    hub.offline()
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(usage())

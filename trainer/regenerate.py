@@ -49,15 +49,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-# Nothing is ever fetched from a hub; huggingface_hub reads this once, at import.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from tqdm import tqdm
 
-from tqdm import tqdm  # noqa: E402
-
-from serving.jsonl import json_lines  # noqa: E402
-from trainer.data.conversation import Conversation  # noqa: E402
-from trainer.data.sources import DATA_FORMATS, read_source  # noqa: E402
-from trainer.datagen.gen_backend import (  # noqa: E402
+from models import hub
+from serving.jsonl import json_lines
+from trainer.data.conversation import Conversation
+from trainer.data.sources import DATA_FORMATS, read_source
+from trainer.datagen.gen_backend import (
     DTYPES,
     GENERATORS,
     Backend,
@@ -68,8 +66,8 @@ from trainer.datagen.gen_backend import (  # noqa: E402
     resolve_generator,
     sglang_arg,
 )
-from trainer.datagen.record_ids import done_ids, record_id  # noqa: E402
-from trainer.datagen.replicas import open_generator  # noqa: E402
+from trainer.datagen.record_ids import done_ids, record_id
+from trainer.datagen.replicas import open_generator
 
 
 @dataclass
@@ -313,6 +311,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> RegenReport:
+    hub.offline()
     args = _parser().parse_args(argv)
     generator, batch_size = generator_of(args)
     settings = GenerationSettings(args.max_new_tokens, args.temperature, args.top_p, batch_size, args.seed)

@@ -32,6 +32,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+from models import hub
 from serving.usage import PlainHelp
 from trainer.config import DataConfig, DataSourceConfig
 from trainer.data import DATA_FORMATS, read_chatterbot, read_source
@@ -99,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> SynthReport:
+    hub.offline()
     args = _parser().parse_args(argv)
     generator, batch_size = generator_of(args)
     writer = GenerationSettings(args.max_new_tokens, args.temperature, args.top_p, batch_size, args.seed)

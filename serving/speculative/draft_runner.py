@@ -9,7 +9,7 @@ engine instead keeps one KV cache of draft rows in position order and appends to
   own output at the previous row, fed back pre-norm unless ``norm_output``.
 
 A query attends to every cached row at or before its position, which equals the TTT mask
-of ``models/draft.ttt_attention`` (tests/test_eval.py checks the two agree). Chain rows are
+of ``models/draft.ttt_attention`` (tests/serving/test_eval.py checks the two agree). Chain rows are
 dropped (``crop``) once the target has verified them; the accepted tokens come back as
 extend rows with the target's features, as in SGLang's draft-extend.
 

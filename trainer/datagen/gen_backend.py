@@ -27,18 +27,14 @@ import dataclasses
 import difflib
 import importlib.util
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
 
-# Nothing is ever fetched from a hub; huggingface_hub reads this once, at import.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import torch
 
-import torch  # noqa: E402
-
-from models.sglang_target import import_sglang  # noqa: E402
-from serving.prompts import stop_ids_of  # noqa: E402
+from models.sglang_target import import_sglang
+from serving.prompts import stop_ids_of
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,357 @@
+"""launch/gpu_runs.py on the CPU: the exact commands of each sequence (a fake runner), a failed command stopping
+its sequence, the real runner's logs, the study's split, the dp analysis against the stored device outputs, and
+launch/device_run.sh handing every subcommand it documents to the program."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch import gpu_runs
+from launch.gpu_runs import PYTHON, Step
+
+ROOT = Path(__file__).resolve().parents[2]
+DEVICE_RUN = ROOT / "launch" / "device_run.sh"
+SHELL = ("setup-sglang", "setup-deps", "setup-gguf", "bg", "collect")  # the subcommands the shell itself runs
+DP_RUNS = ROOT / "docs" / "device_runs"
+GPU_MARK = "mark." + "gpu"  # spelled apart: this file marks no gpu test
+
+
+class FakeRunner:
+    """Records each step, writes its log (``name`` line by line) and answers the exit code asked for it."""
+
+    def __init__(self, codes: dict[str, int] | None = None):
+        self.codes = codes or {}
+        self.steps: list[Step] = []
+
+    def __call__(self, step: Step) -> int:
+        self.steps.append(step)
+        if step.log is not None:
+            step.log.parent.mkdir(parents=True, exist_ok=True)
+            step.log.write_text("".join(f"{step.name} line {i}\n" for i in range(30)) + "tau = 2.5\n")
+        return self.codes.get(step.name, 0)
+
+    @property
+    def argvs(self) -> list[tuple[str, ...]]:
+        return [s.argv for s in self.steps]
+
+
+def test_recipe_hands_its_own_arguments_to_recipe_py_and_writes_under_its_name(tmp_path):
+    run = FakeRunner()
+    argv = ["recipe", "/c", "--phases", "training", "--recipe", "gen", "--train-s", "300", "--res", str(tmp_path)]
+    assert gpu_runs.main(argv, runner=run) == 0
+    out = str(tmp_path / "gen")
+    assert run.argvs == [(PYTHON, "launch/recipe.py", "--corpora", "/c", "--out", out, "--phases", "training", "--train-s", "300")]
+    assert run.steps[0].log is None  # to the screen as it comes (the background job's log)
+
+
+def test_faults_hands_its_own_arguments_to_faults_py(tmp_path):
+    run = FakeRunner()
+    assert gpu_runs.main(["faults", "--faults", "engine_kill", "nan", "--res", str(tmp_path), "--budget-s", "100"], runner=run) == 0
+    r = tmp_path / "faults"
+    assert run.argvs == [(PYTHON, "launch/faults.py", "--out", str(r), "--faults", "engine_kill", "nan", "--budget-s", "100")]
+    assert run.steps[0].log == r / "faults.log"
+
+
+def test_a_sequence_refuses_arguments_it_does_not_know(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        gpu_runs.main(["genbench", "--res", str(tmp_path), "--phases", "x"], runner=FakeRunner())
+    assert e.value.code == 2 and "unrecognized arguments: --phases x" in capsys.readouterr().err
+
+
+def test_baseline_trains_the_default_then_measures_tau_on_the_three_heldout_files(tmp_path, capsys):
+    run = FakeRunner()
+    assert gpu_runs.main(["baseline", "/c", "--res", str(tmp_path)], runner=run) == 0
+    r = tmp_path / "baseline"
+    assert run.argvs == [
+        (PYTHON, "-m", "trainer", f"hydra.run.dir={r / 'run'}"),
+        (PYTHON, "-m", "serving.sglang_eval", str(r / "run" / "export" / "sglang"), "--prompts")
+        + ("/c/heldout_sharegpt.jsonl", "/c/heldout_codeio.jsonl", "/c/heldout_evals.jsonl")
+        + ("--k", "6", "3", "--max-new-tokens", "128", "--json", str(r / "tau.json")),
+    ]
+    assert [s.log for s in run.steps] == [r / "train.log", r / "tau.log"]
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "tau = 2.5" and "baseline: tau line 29" not in out  # the tau lines of its log, not its tail
+
+
+def _answers(path: Path, n: int) -> None:
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps({"id": i}) + "\n" for i in range(n)))
+
+
+def no_waiting(seconds: float) -> None:
+    raise AssertionError("the sequence waited for answers that are there")
+
+
+def test_study_splits_the_given_recipes_answers_and_runs_the_study_on_them(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_runs.time, "sleep", no_waiting)
+    answers = tmp_path / "r5" / "answered.jsonl"
+    _answers(answers, 2500)
+    (tmp_path / "r5" / "answered.done").touch()
+    run = FakeRunner()
+    argv = ["study", "/c", "--recipe", "r5", "--res", str(tmp_path), "--steps", "300", "--parallel", "8", "--devices", "0", "1"]
+    assert gpu_runs.main(argv, runner=run) == 0
+    r = tmp_path / "study"
+    assert run.argvs == [
+        (PYTHON, "launch/study.py", "--out", str(r), "--base-file", str(r / "data" / "base.jsonl"))
+        + ("--synthetic", str(r / "data" / "more.jsonl"), "--sizes", "2", "16", "4", "1", "--max-steps", "300", "--parallel", "8")
+        + ("--devices", "0", "1", "--", "draft.vocab_size=32000", "schedule.lr=5e-4", "data.max_len=2048", "data.max_tokens=16384")
+        + ("data.answer_tokens=128", "data.holdout_fraction=0.05", "trainer.spec_tokens=6", "trainer.log_every=50")
+        + ("trainer.eval_prompts=64", "trainer.eval_max_new_tokens=128", "trainer.eval_prompts_file=/c/heldout_sharegpt.jsonl")
+        + ("data.heldout_prompt_files=[/c/heldout_codeio.jsonl,/c/heldout_evals.jsonl]",)
+    ]
+    assert run.steps[0].env == {"OMP_NUM_THREADS": "4"}
+    assert len((r / "data" / "more.jsonl").read_text().splitlines()) == 1500
+
+
+def test_the_study_waits_for_the_recipes_greedy_answers(tmp_path, monkeypatch, capsys):
+    done = tmp_path / "answered.done"
+    sleeps = []
+
+    def sleep(seconds: float) -> None:  # the recipe's greedy pass ends while the study waits
+        sleeps.append(seconds)
+        done.touch()
+
+    monkeypatch.setattr(gpu_runs.time, "sleep", sleep)
+    gpu_runs.wait_for(done)
+    assert sleeps == [5.0] and capsys.readouterr().out == f"waiting for {done}\n"
+
+
+def test_genbench_runs_the_variants_then_the_two_graph_settings(tmp_path):
+    run = FakeRunner()
+    assert gpu_runs.main(["genbench", "--res", str(tmp_path), "--variants", "sglang", "sglang-r2"], runner=run) == 0
+    r, bench = tmp_path / "benches", (PYTHON, "launch/bench_generate.py")
+    assert run.argvs == [
+        (*bench, "--variants", "sglang", "sglang-r2", "--out", str(r / "generate.json")),
+        (
+            *bench,
+            "--variants",
+            "sglang-r4",
+            "--sglang-arg",
+            "disable_prefill_cuda_graph=true",
+            "--out",
+            str(r / "generate_noprefillgraph.json"),
+        ),
+        (*bench, "--variants", "sglang", "--sglang-arg", "cuda_graph_max_bs_decode=1024", "--out", str(r / "generate_cg1024.json")),
+    ]
+    assert [s.log.name for s in run.steps] == ["generate.log", "generate_noprefillgraph.log", "generate_cg1024.log"]
+    again = FakeRunner()
+    gpu_runs.main(["genbench", "--res", str(tmp_path)], runner=again)
+    assert again.argvs[0][3:8] == ("hf-b256", "hf-b256-r4", "sglang", "sglang-r2", "sglang-r4")
+
+
+def test_perfbench_commands(tmp_path):
+    run = FakeRunner()
+    assert gpu_runs.main(["perfbench", "--res", str(tmp_path)], runner=run) == 0
+    r, stream = tmp_path / "benches", (PYTHON, "launch/bench_throughput.py")
+    smol = (*stream, "--target", "smollm2-135m")
+    assert run.argvs == [
+        (PYTHON, "launch/bench_trainer_memory.py", "--device", "cuda", "--tmp", "/tmp", "--out", str(r / "memory.json")),
+        (*stream, "--profile", "--out", str(r / "profile.json")),
+        (*smol, "--rows", "8", "--modes", "colocated,sglang", "--out", str(r / "smol_r8.json")),
+        (*smol, "--rows", "32", "--modes", "colocated,sglang", "--out", str(r / "smol_r32.json")),
+        (*smol, "--rows", "8", "--profile", "--out", str(r / "smol_profile.json")),
+        (PYTHON, "launch/bench_generate.py", "--variants", "hf-b256-static-compile", "--out", str(r / "generate_static.json")),
+    ]
+    assert [s.log.name for s in run.steps] == [
+        f"{n}.log" for n in ("memory", "profile", "smol_r8", "smol_r32", "smol_profile", "generate_static")
+    ]
+
+
+def test_gputests_finds_the_files_that_mark_gpu_tests(tmp_path):
+    (tmp_path / "tests" / "models").mkdir(parents=True)
+    (tmp_path / "tests" / "test_a.py").write_text(f"import pytest\n\n@pytest.{GPU_MARK}\ndef test_x(): ...\n")
+    (tmp_path / "tests" / "test_b.py").write_text("def test_y(): ...\n")
+    (tmp_path / "tests" / "models" / "test_c.py").write_text(f"pytestmark = pytest.{GPU_MARK}\n")
+    (tmp_path / "tests" / "helper.py").write_text(f"# {GPU_MARK}\n")
+    assert gpu_runs.gpu_test_files(tmp_path) == [Path("tests/models/test_c.py"), Path("tests/test_a.py")]
+    assert Path("tests/models/test_sglang_gpu.py") in gpu_runs.gpu_test_files(ROOT)
+
+
+def test_gputests_one_pytest_a_file_and_with_k_a_file_it_deselects_is_no_failure(tmp_path):
+    files = [Path("tests/test_a.py"), Path("tests/test_b.py")]
+    base = (PYTHON, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider")
+    r = tmp_path / "gputests"
+    plain = gpu_runs.gputests_steps(tmp_path, files, None)
+    assert [s.argv for s in plain] == [(*base, str(f), "-v", "-s", "-rfEs") for f in files]
+    assert [s.log for s in plain] == [r / "test_a.log", r / "test_b.log"] and all(s.ok == {0} for s in plain)
+    picked = gpu_runs.gputests_steps(tmp_path, files[:1], "tensor parallel")
+    assert picked[0].argv == (*base, "tests/test_a.py", "-v", "-s", "-rfEs", "-k", "tensor parallel")
+    assert picked[0].log == r / "test_a_tensor_parallel.log" and picked[0].ok == {0, 5}  # 5: pytest collected nothing
+    deselected = {f"gputests: {gpu_runs.gpu_test_files(ROOT)[0]}": 5}
+    assert gpu_runs.main(["gputests", "--res", str(tmp_path), "-k", "bf16"], runner=FakeRunner(deselected)) == 0
+    assert gpu_runs.main(["gputests", "--res", str(tmp_path)], runner=FakeRunner(deselected)) == 1
+
+
+def test_dp_trains_on_the_answers_of_the_recipe_it_is_given(tmp_path, monkeypatch):
+    _answers(tmp_path / "r5" / "answered.jsonl", 3)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    run = FakeRunner()
+    argv = ["dp", "/c", "sglang-one", "colocated-two", "--recipe", "r5", "--res", str(tmp_path), "--steps", "60", "--dir", "dp_packed"]
+    assert gpu_runs.main([*argv, "--trainer-args", "data.packing=true"], runner=run) == 0
+    r = tmp_path / "dp_packed"
+    common = (
+        "+experiment=h200_quality",
+        "data=openai",
+        f"data.sources.openai.path={tmp_path / 'r5' / 'answered.jsonl'}",
+        "trainer.max_steps=60",
+        "trainer.log_every=1",
+        "trainer.serve_eval=false",
+        "trainer.eval_batches=1",
+        "trainer.eval_prompts_file=/c/heldout_sharegpt.jsonl",
+        "data.heldout_prompt_files=[/c/heldout_codeio.jsonl,/c/heldout_evals.jsonl]",
+        "data.packing=true",
+    )
+    launcher = ("-c", "import sys; from deepspeed.launcher.runner import main; sys.exit(main())", "--num_gpus", "2", "--no_local_rank")
+    assert run.argvs == [
+        (PYTHON, "-m", "trainer", "deepspeed.grad_accum=2", *common, "engine=sglang", f"hydra.run.dir={r / 'sglang-one'}"),
+        (PYTHON, *launcher, "launch/train.py", *common, "engine.mode=colocated", f"hydra.run.dir={r / 'colocated-two'}"),
+    ]
+    assert [s.env for s in run.steps] == [{"CUDA_VISIBLE_DEVICES": "1"}, {}]
+    assert [s.log for s in run.steps] == [r / "sglang-one.log", r / "colocated-two.log"]
+    summary = json.loads((r / "dp.json").read_text())  # the runs wrote no metrics: no steps, nothing to compare
+    assert summary["sglang-one"]["steps"] == 0 and summary["sglang-compare"] == {}
+
+
+def test_dp_one_gpu_runs_default_to_device_0_and_all_six_runs(tmp_path, monkeypatch):
+    _answers(tmp_path / "recipe" / "answered.jsonl", 3)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    run = FakeRunner()
+    assert gpu_runs.main(["dp", "/c", "--res", str(tmp_path)], runner=run) == 0
+    assert [s.name for s in run.steps] == [f"dp: {name}" for name in gpu_runs.RUNS]
+    assert run.steps[0].argv[:3] == (PYTHON, "-m", "trainer") and run.steps[0].env == {"CUDA_VISIBLE_DEVICES": "0"}
+    assert "trainer.max_steps=30" in run.steps[0].argv
+
+
+def test_dp_without_the_recipes_answers_stops_before_any_run(tmp_path):
+    _answers(tmp_path / "recipe" / "answered.jsonl", 3)
+    run = FakeRunner()
+    with pytest.raises(SystemExit, match="r5/answered.jsonl: no answers"):
+        gpu_runs.main(["dp", "/c", "--recipe", "r5", "--res", str(tmp_path)], runner=run)
+    assert run.steps == []
+
+
+def test_a_failed_command_stops_the_sequence_with_its_logs_tail(tmp_path, capsys):
+    run = FakeRunner({"genbench": 3})
+    assert gpu_runs.main(["genbench", "--res", str(tmp_path)], runner=run) == 1
+    assert len(run.steps) == 1  # the two later benches never ran
+    err = capsys.readouterr().err
+    assert f"genbench failed (exit code 3); {tmp_path / 'benches' / 'generate.log'}, last lines:" in err
+    assert "genbench line 29" in err and "genbench line 4\n" not in err  # the last 25 lines of its log
+
+
+def test_keep_going_runs_the_rest_and_still_fails(tmp_path, capsys):
+    run = FakeRunner({"dp: sglang-one": 1})
+    _answers(tmp_path / "recipe" / "answered.jsonl", 3)
+    assert gpu_runs.main(["dp", "/c", "--res", str(tmp_path), "--keep-going"], runner=run) == 1
+    assert len(run.steps) == 6 and (tmp_path / "dp" / "dp.json").is_file()
+    assert capsys.readouterr().err.splitlines()[-1] == "dp: failed: dp: sglang-one"
+
+
+def test_a_failed_command_of_the_study_stops_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_runs.time, "sleep", no_waiting)
+    _answers(tmp_path / "recipe" / "answered.jsonl", 10)
+    (tmp_path / "recipe" / "answered.done").touch()
+    assert gpu_runs.main(["study", "/c", "--res", str(tmp_path)], runner=FakeRunner({"study": 1})) == 1
+
+
+def test_the_runner_logs_lines_without_progress_bars_and_returns_the_exit_code(tmp_path):
+    script = (
+        "import os, sys; sys.stdout.write('start\\n 10%|#  | 1/10 [00:01<00:09, 1.00it/s]\\r 20%|## | 2/10 [00:02<00:08, 1.00it/s]\\r');"
+        "sys.stdout.write('done\\r\\nwindows line\\n' + os.environ['EXTRA']); sys.exit(3)"
+    )
+    step = Step("s", (PYTHON, "-c", script), tmp_path / "logs" / "s.log", env={"EXTRA": "last, no newline"})
+    assert gpu_runs.run_step(step) == 3
+    assert step.log.read_text() == "start\ndone\nwindows line\nlast, no newline\n"
+
+
+def test_the_runner_streams_a_step_without_a_log_to_the_screen(capsys):
+    assert gpu_runs.run_step(Step("s", (PYTHON, "-c", "print('a'); print('b')"))) == 0
+    assert capsys.readouterr().out == "a\nb\n"
+
+
+def test_split_answers_is_the_seeded_shuffle_the_study_always_used(tmp_path):
+    answers = tmp_path / "answered.jsonl"
+    answers.write_text("".join(json.dumps({"id": i}) + "\n" for i in range(1005)) + "\n\n")
+    assert gpu_runs.split_answers(answers, tmp_path / "data") == 1005
+
+    def ids(name: str) -> list[int]:
+        return [json.loads(x)["id"] for x in (tmp_path / "data" / f"{name}.jsonl").read_text().splitlines()]
+
+    # the order the shell's own split gave these records (random.Random(0), base = the first 1000)
+    assert ids("more") == [430, 911, 776, 394, 864]
+    assert ids("base")[:5] == [439, 985, 160, 606, 237] and len(ids("base")) == 1000
+
+
+def test_split_answers_keeps_a_record_that_holds_a_line_separator_whole(tmp_path):
+    answers = tmp_path / "answered.jsonl"
+    records = ['{"text": "a\u2028b"}', '{"text": "c"}', '{"text": "d"}']
+    answers.write_text("\n".join(records) + "\n", encoding="utf-8")
+    assert gpu_runs.split_answers(answers, tmp_path / "data", base=2) == 3
+    data = tmp_path / "data"
+    written = (data / "base.jsonl").read_text(encoding="utf-8").split("\n")[:2] + [(data / "more.jsonl").read_text(encoding="utf-8")[:-1]]
+    assert sorted(written) == sorted(records)
+
+
+STORED_DP = sorted(p.parent for p in DP_RUNS.glob("*/*/dp.json"))
+
+
+def test_the_stored_dp_runs_are_there():
+    assert [p.relative_to(DP_RUNS).as_posix() for p in STORED_DP] == [
+        "2026-11-30-h200-x2-dp/dp",
+        "2026-12-01-h200-x2-soft-ce/dp",
+        "2026-12-01-h200-x2-soft-ce/dp_packed",
+        "2026-12-01-h200-x2-soft-ce/dp_rep",
+    ]
+
+
+@pytest.mark.parametrize("folder", STORED_DP, ids=lambda p: p.relative_to(DP_RUNS).as_posix())
+def test_dp_summary_reproduces_the_stored_dp_json_from_the_stored_metrics(folder):
+    """Every figure the stored dp.json holds, exactly (the older ones lack the whole-run rates, added later)."""
+    stored = json.loads((folder / "dp.json").read_text())
+    summary = gpu_runs.dp_summary(folder)
+    assert list(summary) == list(stored)
+    for run, figures in stored.items():
+        assert {k: summary[run][k] for k in figures} == figures, run
+
+
+def test_dp_summary_compares_two_ranks_with_one_gpu():
+    summary = gpu_runs.dp_summary(DP_RUNS / "2026-11-30-h200-x2-dp" / "dp")
+    assert summary["sglang-compare"]["speedup_vs_one_gpu"] == pytest.approx(1.728, abs=1e-3)
+    assert summary["sglang-compare"]["speedup_vs_one_gpu_run"] > 1.5
+    assert summary["sglang-one"]["steps"] == 40 and summary["sglang-two"]["stall_share_per_rank"][1] == pytest.approx(0.0204, abs=1e-4)
+
+
+def documented_subcommands() -> list[str]:
+    """The subcommands device_run.sh's header documents (``#   launch/device_run.sh NAME ...``)."""
+    return re.findall(r"^#\s+launch/device_run\.sh ([a-z0-9-]+)", DEVICE_RUN.read_text(), flags=re.M)
+
+
+def test_every_subcommand_device_run_documents_is_the_shells_or_the_programs():
+    names = documented_subcommands()
+    assert len(names) == len(set(names)) == 13
+    assert set(names) == set(SHELL) | set(gpu_runs.SEQUENCES)
+    arms = re.findall(r"^([a-z0-9|*-]+)\)$", DEVICE_RUN.read_text(), flags=re.M)
+    assert arms == [*SHELL, "*"]  # the rest goes to the program
+
+
+def test_device_run_hands_the_other_subcommands_to_the_program_as_given(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python3"
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    fake.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    done = subprocess.run(
+        ["bash", str(DEVICE_RUN), "dp", "/c d", "sglang-two", "--steps", "3"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["launch/gpu_runs.py", "dp", "/c d", "sglang-two", "--steps", "3"]
+
+
+def test_the_program_runs_as_a_script():
+    done = subprocess.run([sys.executable, "launch/gpu_runs.py", "dp", "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0 and "sglang-one-ga1" in done.stdout

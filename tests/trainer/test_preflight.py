@@ -1,0 +1,104 @@
+"""Input paths are checked before DeepSpeed or the target start; a failed start leaves no run dir."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import trainer.loop
+from tests.fixtures.tiny import ROOT, tiny_config
+from trainer.__main__ import remove_unstarted
+from trainer.loop import run
+
+
+@pytest.fixture
+def nothing_heavy(monkeypatch):
+    """DeepSpeed's start fails the test: a preflight error must come first."""
+
+    def started(*args):
+        raise AssertionError("init_parallel ran before the inputs were checked")
+
+    monkeypatch.setattr(trainer.loop, "init_parallel", started)
+
+
+def sharegpt(path) -> list[str]:
+    return ["data=sharegpt", f"data.sources.sharegpt.path={path}"]
+
+
+def test_a_missing_data_file_is_named_before_anything_starts(nothing_heavy, tmp_path):
+    with pytest.raises(ValueError, match=r"^config data\.sources\.sharegpt\.path: '.*nowhere\.jsonl' does not exist"):
+        run(tiny_config(*sharegpt(tmp_path / "nowhere.jsonl")), tmp_path)
+
+
+def test_an_empty_data_file_is_named_and_called_empty(nothing_heavy, tmp_path):
+    (tmp_path / "empty.jsonl").write_text("\n  \n")
+    with pytest.raises(ValueError, match=r"config data\.sources\.sharegpt\.path: .*empty\.jsonl is empty \(no record\)"):
+        run(tiny_config(*sharegpt(tmp_path / "empty.jsonl")), tmp_path)
+
+
+def test_a_resume_path_that_is_no_run_is_refused_before_anything_starts(nothing_heavy, tmp_path):
+    (tmp_path / "not_a_run").mkdir()
+    with pytest.raises(ValueError, match="trainer.resume: .*not_a_run is neither a checkpoint nor a run dir"):
+        run(tiny_config(f"trainer.resume={tmp_path / 'not_a_run'}"), tmp_path)
+    with pytest.raises(ValueError, match="trainer.resume: .*gone does not exist"):
+        run(tiny_config(f"trainer.resume={tmp_path / 'gone'}"), tmp_path)
+
+
+def test_a_corrupt_target_config_is_one_line_naming_the_file(nothing_heavy, tmp_path):
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text('{"architectures": ["LlamaForCausalLM"],\n "hidden_size": 8,,\n}')
+    with pytest.raises(ValueError) as err:
+        run(tiny_config("target=local", f"target.path={target}"), tmp_path)
+    message = str(err.value)
+    assert message.startswith(f"config target.path: {target / 'config.json'}: not valid JSON") and "line 2" in message
+    assert len(message.splitlines()) == 1
+
+
+def test_an_initial_draft_that_is_no_draft_dir_is_refused_before_anything_starts(nothing_heavy, tmp_path):
+    with pytest.raises(ValueError, match="config draft.init_from: .*gone is not a directory"):
+        run(tiny_config(f"draft.init_from={tmp_path / 'gone'}"), tmp_path)
+    (tmp_path / "draft").mkdir()
+    (tmp_path / "draft" / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="config draft.init_from: .*draft has no model.safetensors"):
+        run(tiny_config(f"draft.init_from={tmp_path / 'draft'}"), tmp_path)
+
+
+def test_a_missing_prompt_file_is_named(nothing_heavy, tmp_path):
+    with pytest.raises(ValueError, match="config trainer.eval_prompts_file: .*prompts.jsonl is not a file"):
+        run(tiny_config(f"trainer.eval_prompts_file={tmp_path / 'prompts.jsonl'}"), tmp_path)
+
+
+def test_only_a_run_dir_holding_nothing_but_hydra_files_is_removed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    hydra_files = {".hydra", "__main__.log"}
+    unstarted = tmp_path / "outputs" / "2026-12-01" / "10-00-00"
+    (unstarted / ".hydra").mkdir(parents=True)
+    (unstarted / "__main__.log").write_text("error\n")
+    started = tmp_path / "outputs" / "2026-12-01" / "09-00-00"
+    (started / ".hydra").mkdir(parents=True)
+    (started / "metrics.jsonl").write_text("{}\n")
+    remove_unstarted(unstarted, hydra_files)
+    remove_unstarted(started, hydra_files)
+    assert not unstarted.exists() and (started / "metrics.jsonl").exists()
+    remove_unstarted(started.parent.parent / "elsewhere", hydra_files)  # not there: nothing to do
+    lonely = tmp_path / "outputs" / "2026-12-02" / "11-00-00"
+    (lonely / ".hydra").mkdir(parents=True)
+    remove_unstarted(lonely, hydra_files)
+    assert not (tmp_path / "outputs" / "2026-12-02").exists() and (tmp_path / "outputs").is_dir()
+
+
+@pytest.mark.parametrize("bad", ["data", "target"])
+def test_the_command_line_says_a_bad_input_in_one_line_and_leaves_no_run_dir(tmp_path, bad):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "HYDRA_FULL_ERROR")}
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"],,}')
+    args = sharegpt(tmp_path / "nowhere.jsonl") if bad == "data" else ["target=local", f"target.path={tmp_path / 'target'}"]
+    run_dir = tmp_path / "outputs" / "run"
+    cmd = [sys.executable, "-m", "trainer", f"hydra.run.dir={run_dir}", *args]
+    out = subprocess.run(cmd, env=env | {"PYTHONPATH": str(ROOT)}, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert lines[0].startswith(f"error: config {bad}") and len(lines) <= 3, out.stderr
+    assert "Loading weights" not in out.stderr and not run_dir.exists() and not (tmp_path / "outputs").exists()
