@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from models import hub
 from serving.speedup_report import (
     PLAIN,
     SERVING_FILE,
@@ -323,6 +324,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    hub.offline()
     args = _parser().parse_args(argv)
     try:
         bench, names, decode = build_bench(args)
