@@ -4,8 +4,8 @@
 
 1. **generation**: one generator (SGLang, ``--replicas`` engines, prefill CUDA graphs off: they
    cost each engine's start more than they save here) answers every training prompt greedily
-   (``answered.jsonl``), then the ShareGPT prompts again sampled at ``--temperature``
-   (``sampled.jsonl``): two passes, one set of engine starts. Both resume by id, so
+   (``answered.jsonl``), then the ShareGPT prompts (``--sampled-sources``) again sampled at
+   ``--temperature`` (``sampled.jsonl``): two passes, one set of engine starts. Both resume by id, so
    ``--answered`` / ``--sampled`` (gzipped answers of an earlier run) leave only what they lack;
    with nothing left to answer no engine starts.
 2. **training**: ``python -m trainer +experiment=h200_quality engine=sglang`` on both files for
@@ -71,16 +71,22 @@ def carried(source: Path | None, output: Path) -> None:
             shutil.copyfileobj(f, out)
 
 
+def generation_passes(args: argparse.Namespace) -> list[tuple]:
+    """(name, conversations, their records' extras, output, settings) of the greedy pass over every training
+    prompt and the sampled pass over those of ``--sampled-sources``."""
+    prompts = args.corpora / "train_prompts.jsonl.gz"
+    every, every_extras = prompt_conversations(prompts)
+    some, some_extras = prompt_conversations(prompts, args.sampled_sources)
+    return [
+        ("greedy", every, every_extras, args.out / "answered.jsonl", GenerationSettings(args.new_tokens, 0.0, 1.0, 1, 0)),
+        ("sampled", some, some_extras, args.out / "sampled.jsonl", GenerationSettings(args.new_tokens, args.temperature, 0.95, 1, 1)),
+    ]
+
+
 def generate(args: argparse.Namespace, phases: Phases) -> tuple[Path, Path]:
     out = args.out
     answered, sampled = out / "answered.jsonl", out / "sampled.jsonl"
-    prompts = args.corpora / "train_prompts.jsonl.gz"
-    every, every_extras = prompt_conversations(prompts)
-    share, share_extras = prompt_conversations(prompts, SAMPLED_SOURCES)
-    passes = [
-        ("greedy", every, every_extras, answered, GenerationSettings(args.new_tokens, 0.0, 1.0, 1, 0)),
-        ("sampled", share, share_extras, sampled, GenerationSettings(args.new_tokens, args.temperature, 0.95, 1, 1)),
-    ]
+    passes = generation_passes(args)
     if not any(unanswered(convs, path, s.temperature == 0) for _, convs, _, path, s in passes):
         print("every prompt is answered already: no generation", flush=True)
         return answered, sampled
@@ -168,6 +174,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sampled", type=Path, default=None, help="gzipped sampled answers of an earlier run, resumed")
     p.add_argument("--new-tokens", type=int, default=128, help="an answer's new tokens at most")
     p.add_argument("--temperature", type=float, default=0.6, help="the sampled pass's temperature (top-p 0.95)")
+    p.add_argument(
+        "--sampled-sources", nargs="+", default=list(SAMPLED_SOURCES), help="the corpora sources whose prompts get a sampled answer too"
+    )
     p.add_argument("--replicas", type=int, default=4, help="generation engines on the GPU (a small target's scheduler is CPU-bound)")
     p.add_argument("--gen-mem", type=float, default=0.8, help="the generation engines' share of the GPU memory")
     p.add_argument("--train-s", type=float, default=540.0, help="training seconds (trainer.max_time_s)")

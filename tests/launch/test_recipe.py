@@ -69,3 +69,20 @@ def test_missing_corpora_stop_the_recipe_before_anything_starts(tmp_path):
     with pytest.raises(SystemExit, match="no train_prompts.jsonl.gz"):
         recipe.main(["--corpora", str(tmp_path), "--out", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_the_sampled_pass_answers_the_sources_asked_for(tmp_path):
+    records = [{"id": f"p{i}", "prompt": f"question {i}", "source": source} for i, source in enumerate(["sharegpt", "codeio", "evals"])]
+    with gzip.open(tmp_path / "train_prompts.jsonl.gz", "wt") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in records))
+    base = ["--corpora", str(tmp_path), "--out", str(tmp_path / "out")]
+
+    def asked(extra: list[str]) -> tuple[list[str], list[str]]:
+        (_, every, _, _, greedy), (_, some, _, _, sampled) = recipe.generation_passes(recipe._parser().parse_args(base + extra))
+        assert greedy.temperature == 0.0 and sampled.temperature == 0.6
+        return [c[0]["content"] for c in every], [c[0]["content"] for c in some]
+
+    assert asked([]) == (["question 0", "question 1", "question 2"], ["question 0"])  # ShareGPT's by default
+    assert asked(["--sampled-sources", "codeio", "evals"])[1] == ["question 1", "question 2"]
+    with pytest.raises(ValueError, match="no record of source followups"):
+        asked(["--sampled-sources", "followups"])
