@@ -55,6 +55,10 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout: no install needed
+
+from launch.gpu_runs import is_progress  # noqa: E402
+
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "LOCAL_WORLD_SIZE")  # each run sets up its own
 GPU_FIRST_TOLERANCE, GPU_TOLERANCE = 1e-3, 2e-2  # relative loss differences a bf16 GPU resume may show (docs/RELIABILITY.md)
 CPU_RUN = [  # tests/fixtures/tiny.py's sizes: a run of seconds a step on a 2-core CPU
@@ -274,11 +278,7 @@ class Leg:
         first = next((k for k, (_, line) in enumerate(lines) if line.startswith(tuple(marks)) and not STARTED.match(line)), None)
         if first is None:
             return [], None
-        return [line for _, line in lines[first:] if not _progress(line)][:40], lines[first][0]
-
-
-def _progress(line: str) -> bool:
-    return bool(re.search(r"\d+%\|", line)) or line.rstrip().endswith(("it/s]", "step/s]", "batch/s]", "conv/s]"))
+        return [line for _, line in lines[first:] if not is_progress(line)][:40], lines[first][0]
 
 
 # --------------------------------------------------------------------------- run dirs

@@ -138,8 +138,8 @@ def failure(step: Step, code: int) -> str:
 
 
 def is_progress(line: str) -> bool:
-    """A progress bar's redraw (tqdm's ``... it/s]``)."""
-    return line.endswith("it/s]")
+    """A progress bar's redraw: tqdm's ``NN%|`` bar, or its rate at the end (``it/s]``, ``step/s]``, ...)."""
+    return bool(re.search(r"\d+%\|", line)) or line.rstrip().endswith(("it/s]", "step/s]", "batch/s]", "conv/s]"))
 
 
 def output_lines(stream: IO[bytes]) -> Iterator[str]:

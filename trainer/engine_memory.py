@@ -37,9 +37,10 @@ def check_trainer_room(fraction: float, free: float, need: float, tokens: int) -
 def check_engine_memory(cfg: Config, target_config, num_aux: int, device: torch.device) -> None:
     """For engine=sglang on a CUDA device with the KV pool unpinned (a pinned ``engine.sglang.max_total_tokens``
     takes only its own tokens): refuse a mem_fraction_static that leaves the trainer surely too little."""
-    if cfg.engine.name != "sglang" or device.type != "cuda" or cfg.engine.sglang.max_total_tokens is not None:
+    s = cfg.engine.sglang  # None for an engine other than SGLang
+    if s is None or device.type != "cuda" or s.max_total_tokens is not None:
         return
     d = draft_counts(target_config, num_aux, cfg.draft.vocab_size, cfg.draft.intermediate_size)
     free, _ = torch.cuda.mem_get_info(device)
     need = draft_trainer_bytes(d, cfg.data.max_tokens)
-    check_trainer_room(cfg.engine.sglang.mem_fraction_static, free, need, cfg.data.max_tokens)
+    check_trainer_room(s.mem_fraction_static, free, need, cfg.data.max_tokens)
