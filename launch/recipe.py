@@ -118,7 +118,8 @@ def generate(args: argparse.Namespace, phases: Phases) -> tuple[Path, Path]:
     return answered, sampled
 
 
-def train(args: argparse.Namespace, answered: Path, sampled: Path, phases: Phases) -> Path:
+def train_overrides(args: argparse.Namespace, answered: Path, sampled: Path) -> list[str]:
+    """The training run's Hydra overrides: h200_quality on both answer files, the held-out files as its evals."""
     c, run = args.corpora, args.out / "run"
     engine = ["engine=sglang"] if args.engine == "sglang" else ["trainer.speedup.enabled=false"]  # the speedup is SGLang's
     overrides = [
@@ -129,14 +130,19 @@ def train(args: argparse.Namespace, answered: Path, sampled: Path, phases: Phase
         f"trainer.eval_prompts_file={c / 'heldout_sharegpt.jsonl'}",
         f"data.heldout_prompt_files=[{c / 'heldout_codeio.jsonl'},{c / 'heldout_evals.jsonl'}]",
         f"trainer.speedup.prompts_files=[{c / 'heldout_sharegpt.jsonl'},{c / 'heldout_codeio.jsonl'}]",
-        f"trainer.max_time_s={args.train_s}",
+        *([] if args.train_s is None else [f"trainer.max_time_s={args.train_s}"]),
         f"trainer.serve_eval={str(args.serve_eval).lower()}",
         f"hydra.run.dir={run}",
         *args.trainer_args,
     ]
     if args.target is not None:
         overrides += ["target=local", f"target.path={args.target}"]
-    log = args.out / "train.log"
+    return overrides
+
+
+def train(args: argparse.Namespace, answered: Path, sampled: Path, phases: Phases) -> Path:
+    run, log = args.out / "run", args.out / "train.log"
+    overrides = train_overrides(args, answered, sampled)
     start = time.perf_counter()
     with open(log, "wb") as f:
         code = subprocess.run([sys.executable, "-m", "trainer", *overrides], stdout=f, stderr=subprocess.STDOUT).returncode
@@ -179,7 +185,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--replicas", type=int, default=4, help="generation engines on the GPU (a small target's scheduler is CPU-bound)")
     p.add_argument("--gen-mem", type=float, default=0.8, help="the generation engines' share of the GPU memory")
-    p.add_argument("--train-s", type=float, default=540.0, help="training seconds (trainer.max_time_s)")
+    p.add_argument("--train-s", type=float, default=None, help="training seconds (default: h200_quality's trainer.max_time_s)")
     p.add_argument("--serve-eval", action="store_true", help="also the trainer's own speculative decoding of 32 held-out prompts")
     p.add_argument(
         "--phases", nargs="+", choices=PHASES, default=list(PHASES), help="the phases to run (training alone: on the answers there)"

@@ -86,3 +86,16 @@ def test_the_sampled_pass_answers_the_sources_asked_for(tmp_path):
     assert asked(["--sampled-sources", "codeio", "evals"])[1] == ["question 1", "question 2"]
     with pytest.raises(ValueError, match="no record of source followups"):
         asked(["--sampled-sources", "followups"])
+
+
+def test_the_training_time_is_the_experiments_unless_given(tmp_path):
+    from tests.trainer.test_config import _compose
+
+    base = ["--corpora", str(tmp_path), "--out", str(tmp_path / "out")]
+
+    def trained_s(extra: list[str]) -> float:
+        overrides = recipe.train_overrides(recipe._parser().parse_args(base + extra), tmp_path / "a.jsonl", tmp_path / "s.jsonl")
+        return _compose(*(o for o in overrides if not o.startswith("hydra."))).trainer.max_time_s
+
+    assert trained_s([]) == 300  # h200_quality's: the recipe from nothing in 20 minutes of one H200
+    assert trained_s(["--train-s", "120"]) == 120
