@@ -6,7 +6,7 @@
 # --keep-going (past a failed command; without it the first failure stops the sequence, exit code 1):
 #
 #   launch/device_run.sh setup-sglang SGLANG_WHEELS_DIR [JIT_CACHE_TGZ]   # the offline SGLang wheel set (docs/SGLANG.md)
-#   launch/device_run.sh setup-deps DEPS_WHEELS_DIR GGUF_PART_DIR         # project deps; first part(s) of the GGUF
+#   launch/device_run.sh setup-deps DEPS_WHEELS_DIR [GGUF_PART_DIR]       # project deps; first part(s) of the GGUF
 #   launch/device_run.sh setup-gguf GGUF_PART_DIR                          # last part(s); joins and checks the GGUF
 #   launch/device_run.sh bg NAME GPU COMMAND...     # COMMAND on one GPU in the background (survives the call);
 #                                                   # CPUS=LIST: pinned to those cores (taskset), jobs kept apart
@@ -50,7 +50,7 @@ setup-sglang)
   ;;
 setup-deps)
   "${PIP[@]}" --target /tmp/site2 "$2"/*.whl 2>&1 | grep -v "^WARNING" || true
-  mkdir -p /tmp/gguf-parts && cp "$3"/* /tmp/gguf-parts/
+  [ -z "${3:-}" ] || { mkdir -p /tmp/gguf-parts && cp "$3"/* /tmp/gguf-parts/; }
   python3 -c "import deepspeed, hydra, wandb; print('deepspeed', deepspeed.__version__)"
   ;;
 setup-gguf)
