@@ -60,7 +60,7 @@ from torch import Tensor
 
 from models.batch import TokenBatch
 from models.engines import FeatureEngine, TargetFactory
-from trainer.stream.feature_ring import RingSpec, Slot, allocate_ring
+from trainer.stream.feature_ring import RingSpec, Slot, allocate_ring, track_ipc_files, untrack_ipc_files
 
 POLL_S = 0.5  # how often a waiting side checks that the other side is alive
 STOP_TIMEOUT_S = 30.0  # from Stop to terminate
@@ -413,8 +413,8 @@ def concrete_device(device: torch.device | str) -> torch.device:
     return device
 
 
-def _stop_process(process, inbox, outbox) -> None:
-    """Stop, then terminate, then kill; close the queues. Safe to call more than once."""
+def _stop_process(process, inbox, outbox, ipc_files: list[str]) -> None:
+    """Stop, then terminate, then kill; close the queues; hand the ring's IPC files back to torch. Safe to call more than once."""
     if process.pid is not None and process.exitcode is None:
         inbox.put(Stop())
         process.join(STOP_TIMEOUT_S)
@@ -427,6 +427,8 @@ def _stop_process(process, inbox, outbox) -> None:
     for q in (inbox, outbox):
         q.cancel_join_thread()  # never block the trainer's exit on a pipe nobody reads
         q.close()
+    untrack_ipc_files(ipc_files)
+    ipc_files.clear()
 
 
 class EngineProcess:
@@ -465,8 +467,10 @@ class EngineProcess:
         )
         t0 = time.monotonic()
         self._process.start()
+        self._ipc_files: list[str] = []  # torch's reference-count files of the ring's CUDA IPC send, once tracked
+        self._ring_used = False  # the engine has written a batch into the ring (its send is complete)
         self._finalizer = multiprocessing.util.Finalize(
-            self, _stop_process, args=(self._process, self._inbox, self._outbox), exitpriority=100
+            self, _stop_process, args=(self._process, self._inbox, self._outbox, self._ipc_files), exitpriority=100
         )
         self._stream: object | None = None  # the open stream, if any
         self._next_stream_id = 0
@@ -554,6 +558,10 @@ class EngineProcess:
             if isinstance(msg, Failed):
                 self._shutdown()
                 raise EngineError(failure_message(msg.traceback))
+            if isinstance(msg, Ready) and not self._ring_used:
+                self._ring_used = True
+                if self.device.type == "cuda":  # the send made torch's reference-count file: unlinked even if we are killed
+                    self._ipc_files.extend(track_ipc_files(os.getpid()))
             return msg
 
     def _last_words(self, waiting_for: str):

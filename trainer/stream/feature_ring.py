@@ -25,11 +25,19 @@ trainer's reads run on different streams of different processes):
 
 On a CPU every copy and read is synchronous, so the host messages that carry a slot
 index (``ready`` after the copy, ``free`` after the step) are the ordering.
+
+Sending CUDA tensors makes torch write a reference-count file of the sender's,
+``/dev/shm/torch_<pid>_<n>_<k>`` (80 KB), which torch unlinks when the sender exits normally.
+A trainer killed by SIGKILL cannot, so the trainer registers the file with multiprocessing's
+resource tracker (``track_ipc_files``), a process that outlives it briefly and unlinks what is
+still registered once the trainer and its engine are gone; a normal stop unregisters it first.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -138,3 +146,22 @@ def allocate_ring(spec: RingSpec, device: torch.device) -> list[Slot]:
                 ready.ipc_handle(), free.ipc_handle()  # create the events on this device now
         slots.append(Slot(index, *tensors, ready=ready, free=free))
     return slots
+
+
+SHM_DIR = Path("/dev/shm")
+
+
+def track_ipc_files(pid: int) -> list[str]:
+    """Register the shared-memory files torch made for process ``pid``'s CUDA IPC sends
+    (``/dev/shm/torch_<pid>_*``) with the resource tracker, which unlinks them if ``pid`` dies
+    without its own cleanup; their names (``/torch_...``, as ``shm_unlink`` takes them)."""
+    names = sorted(f"/{path.name}" for path in SHM_DIR.glob(f"torch_{pid}_*")) if SHM_DIR.is_dir() else []
+    for name in names:
+        resource_tracker.register(name, "shared_memory")
+    return names
+
+
+def untrack_ipc_files(names: list[str]) -> None:
+    """Take ``names`` back from the resource tracker: torch unlinks them itself at a normal exit."""
+    for name in names:
+        resource_tracker.unregister(name, "shared_memory")
