@@ -24,8 +24,9 @@ they run ``--parallel`` at a time after ``oom_fraction``, which runs alone, all 
   ``trainer.on_nan=skip``: the run must finish with the batch skipped and counted;
 - ``oom_pool``: a KV pool (sglang: ``engine.sglang.max_total_tokens``) or a ring slot (colocated:
   ``engine.slot_tokens``) smaller than a batch: refused before training, naming the key;
-- ``oom_fraction`` (sglang): ``engine.sglang.mem_fraction_static=0.99`` leaves the trainer almost
-  no GPU memory: what happens within ``ALONE_S`` is recorded;
+- ``oom_fraction`` (sglang): ``engine.sglang.mem_fraction_static=0.99``, the pool unpinned, beside a
+  16K-token batch leaves the trainer 1 % of the GPU, surely too little: it must be refused before any
+  engine starts, naming a value that fits (what happens within ``ALONE_S`` is recorded);
 - ``regen_kill`` / ``regen_kill_sampled``: ``trainer.regenerate`` (greedy / ``--temperature 0.6``)
   SIGKILLed with half a line on disk, then resumed: no torn line, no conversation twice, every
   conversation written or counted as dropped.
@@ -74,10 +75,13 @@ CPU_RUN = [  # tests/fixtures/tiny.py's sizes: a run of seconds a step on a 2-co
     "trainer.max_steps=6",
     "trainer.checkpoint_every=2",
 ]
-GPU_RUN = ["trainer.device=cuda", "trainer.epochs=10", "trainer.max_steps=200", "trainer.checkpoint_every=20"]
+GPU_RUN = ["trainer.device=cuda", "trainer.epochs=10", "trainer.max_steps=150", "trainer.checkpoint_every=20"]
 EVERY_RUN = ["trainer.log_every=1", "trainer.eval_batches=1", "trainer.serve_eval=false"]
 SGLANG_RUN = ["engine=sglang", "engine.sglang.max_total_tokens=4096"]  # a fixed KV pool: runs share the GPU
 COLOCATED_RUN = ["engine.mode=colocated"]
+# SGLang's share of the GPU at 0.99, the pool unpinned, beside a 16K-token batch (a trainer need of about 5 GiB,
+# models.memory_plan): 1 % of an H200 is surely too little, and the trainer must refuse it before any engine starts
+OOM_FRACTION = ["engine.sglang.mem_fraction_static=0.99", "engine.sglang.max_total_tokens=null", "data.max_tokens=16384"]
 FAULTS = ("engine_kill", "engine_stop", "trainer_kill", "nan", "oom_pool", "oom_fraction", "regen_kill", "regen_kill_sampled")
 MESSAGE_MARKS = ("the engine process ", "error: ", "stopped by ")  # the first line of what the trainer says when it stops
 CRASH_MARKS = (*MESSAGE_MARKS, "Traceback (most recent call last)", "torch.OutOfMemoryError", "Error executing job")
@@ -383,6 +387,8 @@ def _seconds(value: float | None) -> str:
 
 def resume_verdict(c: dict) -> str:
     """``compare``'s result in a line."""
+    if not c["steps"] and c.get("exit_code", 0) is None:
+        return f"cut by --budget-s before a step after {c['from_step']}"
     if not c["steps"]:
         return f"no step after {c['from_step']} to compare"
     verdict = "equal" if c["equal"] else "DIFFERENT"
@@ -469,6 +475,8 @@ def _ended(r: FaultResult, t0: float, pids: Sequence[int]) -> FaultResult:
     """Record what the fault's processes left (unless the fault did), kill it, stamp the time and the GPU memory."""
     if r.left is None:
         r.left = leftovers(pids)
+    if r.exit_code is None and not r.notes:
+        r.notes.append("its run was ended at --budget-s: the row says what it did until then")
     kill_all(pids)
     r.seconds, r.gpu_used_mib = time.monotonic() - t0, gpu_used_mib()
     return r
@@ -585,8 +593,8 @@ def oom_fraction(s: Settings, base: Future | None = None) -> FaultResult:
     """engine.sglang.mem_fraction_static=0.99 with the pool unpinned, which would let SGLang's KV pool take the GPU
     from the trainer: refused before any engine starts, naming the key and a value that fits."""
     t0, run_dir = time.monotonic(), s.out / "oom_fraction" / "run"
-    leg = s.trainer(run_dir, ["engine.sglang.mem_fraction_static=0.99", "engine.sglang.max_total_tokens=null"])
-    r = FaultResult("oom_fraction", "engine.sglang.mem_fraction_static=0.99, max_total_tokens=null", ok=False)
+    leg = s.trainer(run_dir, OOM_FRACTION)
+    r = FaultResult("oom_fraction", ", ".join(OOM_FRACTION), ok=False)
     r.exit_code = leg.finish(s.deadline)
     r.message, seen = leg.said(leg.started, CRASH_MARKS)
     r.message = r.message or [line for _, line in leg.lines[-12:]]

@@ -230,6 +230,8 @@ def test_resume_comparison_and_table():
     assert gpu["equal"] and gpu["steps"] == 2 and gpu["first_rel_diff"] == pytest.approx(5e-4)
     assert not F.compare(base, base | {3: 1.25 * (1 + 2e-3)}, after=2, exact=False)["equal"]  # the first step: 1e-3
     assert F.compare(base, base, after=4, exact=True) == {"from_step": 4, "steps": 0, "equal": False}
+    assert F.resume_verdict({"from_step": 4, "steps": 0, "equal": False, "exit_code": 0}) == "no step after 4 to compare"
+    assert F.resume_verdict({"from_step": 4, "steps": 0, "equal": False, "exit_code": None}) == "cut by --budget-s before a step after 4"
     rows = [
         F.FaultResult(
             "engine_kill",
