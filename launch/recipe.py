@@ -15,6 +15,10 @@
    recipe with its log's tail (no other engine is tried). ``--engine hf``: transformers generates and
    feeds the trainer instead, and there is no speedup phase (it is SGLang's).
 
+3. **the grid** (``--grid SETTING...``, after the training): ``serving.speedup`` on the export with more
+   draft settings (trees), resuming the training's own results (the target alone and its chain are
+   not measured again), timed as its own phase: it is the lease's experiment, not the recipe's time.
+
 ``phases.json`` (rewritten as each phase ends, so a cut run keeps what finished; a later run adds
 to it) and the table at the end give each phase's seconds and what it made. ``--phases training``
 trains on the answers already in ``--out`` (or carried in). The corpora come from ``python -m
@@ -41,6 +45,7 @@ from trainer.regenerate import generation_meta, prompt_conversations, regenerate
 PHASES = ("generation", "training")
 SAMPLED_SOURCES = ("sharegpt", "sharegpt_followups")
 HELDOUT = ("sharegpt", "codeio", "evals")
+GRID_PHASE = "speedup grid"  # --grid: the lease's experiment, not the recipe's time
 
 
 class Phases:
@@ -61,7 +66,8 @@ class Phases:
             f"{r['phase']:<34} {r['seconds']:>8.1f}  {json.dumps({k: v for k, v in r.items() if k not in ('phase', 'seconds')})}"
             for r in self.rows
         ]
-        return "\n".join(lines + [f"{'total':<34} {sum(r['seconds'] for r in self.rows):>8.1f}"])
+        recipe = sum(r["seconds"] for r in self.rows if r["phase"] != GRID_PHASE)
+        return "\n".join(lines + [f"{'total (the grid apart)':<34} {recipe:>8.1f}"])
 
 
 def carried(source: Path | None, output: Path) -> None:
@@ -154,6 +160,44 @@ def train(args: argparse.Namespace, answered: Path, sampled: Path, phases: Phase
     return run
 
 
+def speedup_grid_argv(args: argparse.Namespace, run: Path) -> list[str]:
+    """``serving.speedup`` on the run's export with ``--grid``'s settings, resuming the training's results: the
+    same prompts, target and conditions as the training's speedup phase (its defaults)."""
+    results = run / "speedup.json"
+    if not results.is_file():
+        raise SystemExit(f"--grid: {results} is missing (the training's speedup phase writes it; is trainer.speedup off?)")
+    conditions = json.loads(results.read_text())["conditions"]  # resumed only when the export and target are the same
+    export, target = conditions["export"], conditions["target"]
+    prompts = [str(args.corpora / "heldout_sharegpt.jsonl"), str(args.corpora / "heldout_codeio.jsonl")]
+    return [sys.executable, "-m", "serving.speedup", export, "--prompts", *prompts, "--target", target, "--json", str(results), "--settings", *args.grid]
+
+
+def check_grid(args: argparse.Namespace) -> None:
+    """``--grid`` refused before anything starts: a setting SGLang would change or refuse, no SGLang, no training."""
+    from serving.speedup import parse_setting
+
+    if not args.grid:
+        return
+    if args.engine != "sglang" or "training" not in args.phases:
+        raise SystemExit("--grid: the grid follows the training phase, on the SGLang engine")
+    for setting in args.grid:
+        try:
+            parse_setting(setting)
+        except ValueError as e:
+            raise SystemExit(f"--grid: {str(e).removeprefix('--settings ')}") from None
+
+
+def grid(args: argparse.Namespace, run: Path, phases: Phases) -> None:
+    argv, log = speedup_grid_argv(args, run), args.out / "grid.log"
+    start = time.perf_counter()
+    with open(log, "wb") as f:
+        code = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT).returncode
+    phases.add(GRID_PHASE, time.perf_counter() - start, settings=args.grid, exit_code=code)
+    if code != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise SystemExit(f"the speedup grid failed (exit code {code}); {log}, last lines:\n{tail}")
+
+
 def training_figures(run: Path) -> dict:
     """What the training process's summary and its speedup results say of its parts."""
     summary = json.loads((run / "summary.json").read_text())
@@ -191,6 +235,7 @@ def _parser() -> argparse.ArgumentParser:
         "--phases", nargs="+", choices=PHASES, default=list(PHASES), help="the phases to run (training alone: on the answers there)"
     )
     p.add_argument("--trainer-args", nargs="*", default=[], help="more Hydra overrides for the training run")
+    p.add_argument("--grid", nargs="+", default=[], help="after the training: serving.speedup with these settings too (e.g. 6/8/32 8/8/64)")
     return p
 
 
@@ -200,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("train_prompts.jsonl.gz", *(f"heldout_{h}.jsonl" for h in HELDOUT)):
         if not (args.corpora / name).is_file():
             raise SystemExit(f"--corpora {args.corpora}: no {name} (python -m trainer.corpora prepare --out DIR writes it)")
+    check_grid(args)
     args.out.mkdir(parents=True, exist_ok=True)
     carried(args.answered, args.out / "answered.jsonl")
     carried(args.sampled, args.out / "sampled.jsonl")
@@ -211,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
         for path in (answered, sampled):
             if not path.is_file():
                 raise SystemExit(f"{path}: no answers to train on (run the generation phase first, or give --answered / --sampled)")
-        train(args, answered, sampled, phases)
+        run = train(args, answered, sampled, phases)
+        if args.grid:
+            grid(args, run, phases)
     print(phases.table())
     return 0
 

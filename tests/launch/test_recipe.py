@@ -18,7 +18,8 @@ def test_phases_are_kept_as_they_end_and_tabled(tmp_path):
     again.add("training process", 20.0, steps=3)
     rows = json.loads((tmp_path / "phases.json").read_text())
     assert [r["phase"] for r in rows] == ["generation: greedy", "training process"] and rows[0]["new_tokens"] == 100
-    assert again.table().splitlines()[-1].split() == ["total", "32.3"]
+    again.add(recipe.GRID_PHASE, 100.0, settings=["6/8/32"])
+    assert again.table().splitlines()[-1].split()[-1] == "32.3"  # the grid is the lease's, not the recipe's time
 
 
 def _conv(text: str) -> list[dict]:
@@ -99,3 +100,29 @@ def test_the_training_time_is_the_experiments_unless_given(tmp_path):
 
     assert trained_s([]) == 300  # h200_quality's: the recipe from nothing in 20 minutes of one H200
     assert trained_s(["--train-s", "120"]) == 120
+
+
+def test_the_grid_resumes_the_trainings_speedup_results_and_bad_settings_stop_it_first(tmp_path):
+    corpora, out = tmp_path / "corpora", tmp_path / "out"
+    corpora.mkdir()
+    with gzip.open(corpora / "train_prompts.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"id": "p0", "prompt": "q", "source": "sharegpt"}) + "\n")
+    for name in recipe.HELDOUT:
+        (corpora / f"heldout_{name}.jsonl").write_text("")
+    base = ["--corpora", str(corpora), "--out", str(out)]
+    for bad, says in ((["--grid", "6/1/9"], "a chain"), (["--grid", "6/8/32", "--engine", "hf"], "SGLang engine")):
+        with pytest.raises(SystemExit, match=says):
+            recipe.main(base + bad)
+        assert not out.exists()  # refused before anything is made
+    args = recipe._parser().parse_args(base + ["--grid", "6/8/32", "8/8/64"])
+    run = out / "run"
+    with pytest.raises(SystemExit, match="speedup.json is missing"):
+        recipe.speedup_grid_argv(args, run)
+    run.mkdir(parents=True)
+    export = str(run / "export" / "sglang")
+    (run / "speedup.json").write_text(json.dumps({"conditions": {"export": export, "target": "/cache/smollm2"}, "runs": {}}))
+    argv = recipe.speedup_grid_argv(args, run)
+    assert argv[1:4] == ["-m", "serving.speedup", export]
+    assert argv[argv.index("--target") + 1] == "/cache/smollm2" and argv[argv.index("--json") + 1] == str(run / "speedup.json")
+    assert argv[argv.index("--settings") + 1 :] == ["6/8/32", "8/8/64"]
+    assert argv[argv.index("--prompts") + 1 : argv.index("--target")] == [str(corpora / "heldout_sharegpt.jsonl"), str(corpora / "heldout_codeio.jsonl")]
