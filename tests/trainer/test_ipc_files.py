@@ -57,3 +57,20 @@ def test_an_untracked_file_is_left_to_its_owner():
         assert path.exists()
     finally:
         path.unlink(missing_ok=True)
+
+
+def test_each_file_is_registered_once_and_taken_back_once(monkeypatch, tmp_path):
+    import trainer.stream.feature_ring as ring
+
+    calls = []
+    monkeypatch.setattr(ring, "SHM_DIR", tmp_path)
+    monkeypatch.setattr(ring, "_tracked", set())
+    monkeypatch.setattr(ring.resource_tracker, "register", lambda name, kind: calls.append(("register", name, kind)))
+    monkeypatch.setattr(ring.resource_tracker, "unregister", lambda name, kind: calls.append(("unregister", name, kind)))
+    (tmp_path / "torch_42_1_1").write_bytes(b"")
+    (tmp_path / "torch_420_1_1").write_bytes(b"")  # another process's
+    first = ring.track_ipc_files(42)
+    assert first == ["/torch_42_1_1"] and ring.track_ipc_files(42) == []  # a second engine of the process: nothing new
+    ring.untrack_ipc_files(first)
+    ring.untrack_ipc_files(first)  # the tracker is told once: it errs on a name it does not hold
+    assert calls == [("register", "/torch_42_1_1", "shared_memory"), ("unregister", "/torch_42_1_1", "shared_memory")]

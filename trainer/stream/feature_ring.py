@@ -149,19 +149,24 @@ def allocate_ring(spec: RingSpec, device: torch.device) -> list[Slot]:
 
 
 SHM_DIR = Path("/dev/shm")
+_tracked: set[str] = set()  # the names this process has registered with its resource tracker
 
 
 def track_ipc_files(pid: int) -> list[str]:
     """Register the shared-memory files torch made for process ``pid``'s CUDA IPC sends
     (``/dev/shm/torch_<pid>_*``) with the resource tracker, which unlinks them if ``pid`` dies
-    without its own cleanup; their names (``/torch_...``, as ``shm_unlink`` takes them)."""
+    without its own cleanup; the names newly registered (``/torch_...``, as ``shm_unlink`` takes them)."""
     names = sorted(f"/{path.name}" for path in SHM_DIR.glob(f"torch_{pid}_*")) if SHM_DIR.is_dir() else []
-    for name in names:
+    new = [name for name in names if name not in _tracked]
+    for name in new:
         resource_tracker.register(name, "shared_memory")
-    return names
+        _tracked.add(name)
+    return new
 
 
 def untrack_ipc_files(names: list[str]) -> None:
-    """Take ``names`` back from the resource tracker: torch unlinks them itself at a normal exit."""
+    """Take ``names`` back from the resource tracker (those still registered): torch unlinks them itself at a normal exit."""
     for name in names:
-        resource_tracker.unregister(name, "shared_memory")
+        if name in _tracked:
+            resource_tracker.unregister(name, "shared_memory")
+            _tracked.discard(name)
