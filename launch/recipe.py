@@ -169,7 +169,8 @@ def speedup_grid_argv(args: argparse.Namespace, run: Path) -> list[str]:
     conditions = json.loads(results.read_text())["conditions"]  # resumed only when the export and target are the same
     export, target = conditions["export"], conditions["target"]
     prompts = [str(args.corpora / "heldout_sharegpt.jsonl"), str(args.corpora / "heldout_codeio.jsonl")]
-    return [sys.executable, "-m", "serving.speedup", export, "--prompts", *prompts, "--target", target, "--json", str(results), "--settings", *args.grid]
+    command = [sys.executable, "-m", "serving.speedup", export, "--prompts", *prompts]
+    return command + ["--target", target, "--json", str(results), "--settings", *args.grid]
 
 
 def check_grid(args: argparse.Namespace) -> None:

@@ -125,4 +125,5 @@ def test_the_grid_resumes_the_trainings_speedup_results_and_bad_settings_stop_it
     assert argv[1:4] == ["-m", "serving.speedup", export]
     assert argv[argv.index("--target") + 1] == "/cache/smollm2" and argv[argv.index("--json") + 1] == str(run / "speedup.json")
     assert argv[argv.index("--settings") + 1 :] == ["6/8/32", "8/8/64"]
-    assert argv[argv.index("--prompts") + 1 : argv.index("--target")] == [str(corpora / "heldout_sharegpt.jsonl"), str(corpora / "heldout_codeio.jsonl")]
+    prompts = [str(corpora / "heldout_sharegpt.jsonl"), str(corpora / "heldout_codeio.jsonl")]
+    assert argv[argv.index("--prompts") + 1 : argv.index("--target")] == prompts
