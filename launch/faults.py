@@ -387,7 +387,7 @@ def _seconds(value: float | None) -> str:
 
 def resume_verdict(c: dict) -> str:
     """``compare``'s result in a line."""
-    if not c["steps"] and c.get("exit_code", 0) is None:
+    if not c["steps"] and c["exit_code"] is None:
         return f"cut by --budget-s before a step after {c['from_step']}"
     if not c["steps"]:
         return f"no step after {c['from_step']} to compare"
@@ -475,7 +475,7 @@ def _ended(r: FaultResult, t0: float, pids: Sequence[int]) -> FaultResult:
     """Record what the fault's processes left (unless the fault did), kill it, stamp the time and the GPU memory."""
     if r.left is None:
         r.left = leftovers(pids)
-    if r.exit_code is None and not r.notes:
+    if r.exit_code is None:
         r.notes.append("its run was ended at --budget-s: the row says what it did until then")
     kill_all(pids)
     r.seconds, r.gpu_used_mib = time.monotonic() - t0, gpu_used_mib()

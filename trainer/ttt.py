@@ -102,21 +102,22 @@ def ttt_unroll(
     cache: list = []
     loss = hidden.new_zeros((), dtype=torch.float32)
     loss_sum, correct, valid = [], [], []
-    aligned = torch.ones_like(loss_mask)  # [B, T] bool: no counted earlier step of the row missed (align_topk)
+    aligned = None if align_topk is None else torch.ones_like(loss_mask)  # [B, T] bool: no counted earlier step missed
     for k in range(steps):
         out, logits = draft.step(shift_left(input_ids, 1 + k), hidden, positions + k, cache, doc_ids)
         mask = step_valid(loss_mask, lengths, labels.in_draft, k, doc_ids)  # [B, T]
         ce = soft_cross_entropy(logits, labels.probs, 1 + k)  # [B, T]
         n = mask.sum()
         step_loss = (ce * mask).sum()
-        if align_topk is None:
-            loss = loss + decay**k * step_loss / n.clamp(min=1)
+        if aligned is None:
+            trained, count = step_loss, n
         else:
-            trained = mask & aligned
-            loss = loss + decay**k * (ce * trained).sum() / trained.sum().clamp(min=1)
+            counted = mask & aligned
+            trained, count = (ce * counted).sum(), counted.sum()
+        loss = loss + decay**k * trained / count.clamp(min=1)
         target_next = shift_left(labels.argmax, 1 + k)  # [B, T] target ids
         hit = draft_to_target[logits.argmax(-1)] == target_next
-        if align_topk is not None:
+        if aligned is not None:
             in_top = (draft_to_target[logits.detach().topk(align_topk, dim=-1).indices] == target_next[..., None]).any(-1)
             aligned = aligned & (in_top | ~mask)
         loss_sum.append(step_loss.detach())
