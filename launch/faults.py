@@ -191,9 +191,16 @@ def _nvidia_smi(query: str) -> list[str] | None:
 
 def leftovers(pids: Sequence[int], grace_s: float = 30.0) -> dict:
     """What ``pids`` left once ``grace_s`` passed for them to go: live processes, their /dev/shm segments
-    (torch names them ``torch_<pid>_...``), their GPU memory."""
+    (torch names them ``torch_<pid>_...``), their GPU memory. A process that has ended can stay in
+    nvidia-smi's list while the driver frees its memory (seen: 14 GB of a killed SGLang scheduler), so the
+    grace waits for that too."""
     deadline = time.monotonic() + grace_s
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+
+    def going() -> bool:
+        apps = gpu_apps() or {}
+        return any(alive(p) or p in apps for p in pids)
+
+    while going() and time.monotonic() < deadline:
         time.sleep(0.2)
     shm = sorted(n for n in os.listdir("/dev/shm") if any(n.startswith(f"torch_{p}_") for p in pids)) if Path("/dev/shm").is_dir() else []
     apps = gpu_apps()

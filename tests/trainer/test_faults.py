@@ -188,6 +188,23 @@ def test_a_killed_trainer_leaves_no_process_shared_memory_or_gpu_memory(tmp_path
     assert result.left["processes"] == [] and result.left["shm"] == [] and not result.left["gpu"]
 
 
+def test_leftovers_waits_for_an_ended_process_to_leave_the_gpu_list(monkeypatch):
+    """nvidia-smi can list a process that has ended while the driver frees its memory: that is not a leftover
+    while it goes within the grace, and is one when it stays."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    calls = []
+
+    def apps():  # the ended process listed for its first three looks
+        calls.append(1)
+        return {dead.pid: 14106} if len(calls) <= 3 else {}
+
+    monkeypatch.setattr(F, "gpu_apps", apps)
+    assert F.leftovers([dead.pid], grace_s=30.0)["gpu"] == []
+    monkeypatch.setattr(F, "gpu_apps", lambda: {dead.pid: 14106})
+    assert F.leftovers([dead.pid], grace_s=0.5)["gpu"] == [f"{dead.pid}: 14106 MiB"]
+
+
 @pytest.fixture(scope="module")
 def generator_dir(tmp_path_factory):
     return save_tiny_generator(tmp_path_factory.mktemp("generator"))
