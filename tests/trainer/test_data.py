@@ -313,10 +313,12 @@ def test_a_tokenizer_pool_encodes_and_cuts_as_this_process_does(tokenizer, engli
     with tokenizer_pool.TokenizerPool(tokenizer, 2) as pool:
         pooled, pooled_stats = data.encode_conversations(tokenizer, convs, max_len=256, pool=pool)
         assert pool._pool is not None  # the workers did run
+        spilled = pool._file  # the tokenizer the workers loaded, as a file: their start arguments stay small
+        assert spilled.is_file()
         assert data.cut_answers(tokenizer, convs, 8, pool) == (cut, cut_count)
         small = data.encode_conversations(tokenizer, convs[:9], max_len=256, pool=pool)[0]  # under PARALLEL_MIN: here
     assert pooled == serial and pooled_stats == serial_stats and small == serial[:9]
-    assert cut_count > 0 and pool._pool is None  # closed
+    assert cut_count > 0 and pool._pool is None and not spilled.exists()  # closed, its file removed
     with pytest.raises(ValueError, match="workers must be >= 1"):
         tokenizer_pool.TokenizerPool(tokenizer, 0)
 

@@ -1,12 +1,20 @@
 """Rendering and tokenizing many conversations on several cores: chunk functions mapped, in order, over
 spawned worker processes that each hold a copy of the tokenizer. The chat template's rendering and the
 offset bookkeeping run in Python, one core each, so a process per core is what scales them; the
-workers start on the first call large enough to need them, and never for small data."""
+workers start on the first call large enough to need them, and never for small data.
+
+The tokenizer reaches the workers as a file, not as a start argument: a spawned process's start
+arguments go through a pipe that the parent writes while the child imports the main module, so a
+1.5 MB tokenizer among them makes the parent wait for each child's imports in turn (16 workers: about
+16 x 3 s, one after another); with a file's path the children start and import side by side."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
+import tempfile
+from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 PARALLEL_MIN = 4096  # items a call must have before it goes to the workers (a worker's start costs seconds)
@@ -15,9 +23,10 @@ MAX_WORKERS = 16
 _HELD = None  # a worker's tokenizer
 
 
-def _hold(tokenizer) -> None:
+def _load(path: str) -> None:
     global _HELD
-    _HELD = tokenizer
+    with open(path, "rb") as f:
+        _HELD = pickle.load(f)
 
 
 def _run(task: tuple[Callable, tuple]):
@@ -38,13 +47,16 @@ class TokenizerPool:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.tokenizer, self.workers = tokenizer, workers
-        self._pool = None
+        self._pool, self._file = None, None
 
     def map(self, fn: Callable, tasks: Iterable[tuple], items: int) -> Iterator:
         if self.workers == 1 or items < PARALLEL_MIN:
             return (fn(self.tokenizer, *args) for args in tasks)
         if self._pool is None:
-            self._pool = mp.get_context("spawn").Pool(self.workers, initializer=_hold, initargs=(self.tokenizer,))
+            with tempfile.NamedTemporaryFile("wb", prefix="streamdraft-tokenizer-", suffix=".pkl", delete=False) as f:
+                pickle.dump(self.tokenizer, f)
+            self._file = Path(f.name)  # removed by close(), once every worker has read it
+            self._pool = mp.get_context("spawn").Pool(self.workers, initializer=_load, initargs=(f.name,))
         return self._pool.imap(_run, ((fn, args) for args in tasks))
 
     def close(self) -> None:
@@ -52,6 +64,9 @@ class TokenizerPool:
             self._pool.close()
             self._pool.join()
             self._pool = None
+        if self._file is not None:
+            self._file.unlink(missing_ok=True)
+            self._file = None
 
     def __enter__(self) -> TokenizerPool:
         return self
