@@ -195,7 +195,8 @@ def _encode_sources(
         convs, read_stats = _read(name, src, cfg.on_error)
         train_convs, held_convs = holdout.split(name, convs)
         if leaks is not None:
-            leaks.check(((str(i), first_user_turn(c)) for i, c in enumerate(train_convs)), f"data.sources.{name}: training conversation")
+            firsts = ((str(i), first_user_turn(c)) for i, c in enumerate(train_convs))
+            leaks.check(firsts, f"data.sources.{name}: training conversation", pool)
         train_convs, held_convs = train_convs[: cfg.max_conversations], held_convs[: cfg.max_eval_conversations]
         if cfg.answer_tokens is not None:
             train_convs, read_stats.answers_cut = cut_answers(tokenizer, train_convs, cfg.answer_tokens, pool)

@@ -280,6 +280,25 @@ def test_filters_and_dedup_across_sources(tmp_path):
     assert PromptFilter().rejection(f"Is the patient likely to have a heart disease?\n{table}", table) is None
 
 
+def test_the_leak_check_on_a_pool_names_the_first_leak_as_one_pass_does(monkeypatch):
+    from trainer.data import corpora_select, tokenizer_pool
+
+    monkeypatch.setattr(tokenizer_pool, "PARALLEL_MIN", 10)  # these 40 go to the workers
+    monkeypatch.setattr(corpora_select, "LEAK_CHUNK", 5)  # eight chunks, the leaks in the fifth and the seventh
+    held = "Which of the planets of the solar system has the most moons, and how many were counted?"
+    check = LeakCheck([("heldout.jsonl:3", held)])
+    train = [(f"t{i}", f"{EN[i % len(EN)]} (question {i})") for i in range(40)]
+    train[23], train[31] = ("t23", held.upper()), ("t31", "Well, " + held)
+    with pytest.raises(ValueError) as serial:
+        check.check(train, "training prompt")
+    with tokenizer_pool.TokenizerPool(None, 2) as pool:
+        with pytest.raises(ValueError) as pooled:
+            check.check(train, "training prompt", pool)
+        assert pool._pool is not None  # the workers did run
+        check.check(train[:23] + train[24:31], "training prompt", pool)  # no leak: nothing raised
+    assert str(pooled.value) == str(serial.value) and "training prompt t23: " in str(serial.value)
+
+
 def test_heldout_split_is_stable_and_leak_check_names_both_prompts(tmp_path):
     prompts = []
     with zipfile.ZipFile(sharegpt_wheel(tmp_path, sharegpt_records())) as z:

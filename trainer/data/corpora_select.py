@@ -38,10 +38,12 @@ from trainer.data.corpora import WHEELS, CorpusCounts, GroupCap, Prompt, corpus_
 from trainer.data.dedup import NearDupIndex, words
 from trainer.data.english import FOREIGN_STOPWORDS, STOPWORDS, is_english
 from trainer.data.split import prompt_key
+from trainer.data.tokenizer_pool import TokenizerPool
 
 THRESHOLD = 0.7  # Jaccard of word-bigram sets at or above which two prompts are one
 PER_TASK_CAP = 100  # evals prompts kept a task
 EXAMINE = 5  # an evals task's records read at most: EXAMINE x its cap
+LEAK_CHUNK = 2048  # training prompts a worker checks at a time
 
 
 @dataclass(frozen=True)
@@ -206,18 +208,33 @@ class LeakCheck:
         """(kind, ``file:line`` of the held-out prompt) that ``text`` repeats, or None."""
         return self.index.match(text)
 
-    def check(self, train: Iterable[tuple[str, str]], what: str) -> None:
-        """``train``: (where, first user turn) pairs. Raises ValueError at the first that repeats a
-        held-out prompt, naming both."""
+    def first_leak(self, train: Sequence[tuple[str, str]]) -> tuple[str, str, tuple[str, str]] | None:
+        """The first of ``train`` that repeats a held-out prompt: (where, text, ``find``'s answer), or None."""
         for where, text in train:
             hit = self.find(text)
             if hit is not None:
-                kind = "a copy" if hit[0] == "duplicates" else f"a near-duplicate (Jaccard >= {self.index.near.threshold})"
-                raise ValueError(
-                    f"{what} {where}: its first prompt {text[:80]!r} is {kind} of held-out prompt {hit[1]} "
-                    f"({self.texts[hit[1]][:80]!r}); a held-out prompt leaked into training: drop it from the training data "
-                    f"(python -m trainer.corpora prepare removes held-out prompts and their near-duplicates)"
-                )
+                return where, text, hit
+        return None
+
+    def check(self, train: Iterable[tuple[str, str]], what: str, pool: TokenizerPool | None = None) -> None:
+        """``train``: (where, first user turn) pairs. Raises ValueError at the first that repeats a
+        held-out prompt, naming both; ``pool``: its workers check chunks of them side by side."""
+        pairs = list(train)
+        chunks = ((self, pairs[i : i + LEAK_CHUNK]) for i in range(0, len(pairs), LEAK_CHUNK))
+        found = (pool or TokenizerPool(None, 1)).map(_first_leak, chunks, len(pairs))
+        leak = next((hit for hit in found if hit is not None), None)  # chunks in order: the first leak, as in one pass
+        if leak is not None:
+            where, text, (kind, heldout) = leak
+            kind = "a copy" if kind == "duplicates" else f"a near-duplicate (Jaccard >= {self.index.near.threshold})"
+            raise ValueError(
+                f"{what} {where}: its first prompt {text[:80]!r} is {kind} of held-out prompt {heldout} "
+                f"({self.texts[heldout][:80]!r}); a held-out prompt leaked into training: drop it from the training data "
+                f"(python -m trainer.corpora prepare removes held-out prompts and their near-duplicates)"
+            )
+
+
+def _first_leak(_tokenizer, leaks: LeakCheck, chunk: Sequence[tuple[str, str]]) -> tuple[str, str, tuple[str, str]] | None:
+    return leaks.first_leak(chunk)  # a TokenizerPool task: the tokenizer is not needed
 
 
 def prompt_firsts(prompts: Iterable[Prompt]) -> Iterator[tuple[str, str]]:
