@@ -208,14 +208,6 @@ class LeakCheck:
         """(kind, ``file:line`` of the held-out prompt) that ``text`` repeats, or None."""
         return self.index.match(text)
 
-    def first_leak(self, train: Sequence[tuple[str, str]]) -> tuple[str, str, tuple[str, str]] | None:
-        """The first of ``train`` that repeats a held-out prompt: (where, text, ``find``'s answer), or None."""
-        for where, text in train:
-            hit = self.find(text)
-            if hit is not None:
-                return where, text, hit
-        return None
-
     def check(self, train: Iterable[tuple[str, str]], what: str, pool: TokenizerPool | None = None) -> None:
         """``train``: (where, first user turn) pairs. Raises ValueError at the first that repeats a
         held-out prompt, naming both; ``pool``: its workers check chunks of them side by side."""
@@ -234,7 +226,13 @@ class LeakCheck:
 
 
 def _first_leak(_tokenizer, leaks: LeakCheck, chunk: Sequence[tuple[str, str]]) -> tuple[str, str, tuple[str, str]] | None:
-    return leaks.first_leak(chunk)  # a TokenizerPool task: the tokenizer is not needed
+    """The first of ``chunk`` that repeats a held-out prompt: (where, text, ``find``'s answer), or None (a
+    TokenizerPool task: the tokenizer is not needed)."""
+    for where, text in chunk:
+        hit = leaks.find(text)
+        if hit is not None:
+            return where, text, hit
+    return None
 
 
 def prompt_firsts(prompts: Iterable[Prompt]) -> Iterator[tuple[str, str]]:

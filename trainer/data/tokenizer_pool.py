@@ -1,4 +1,4 @@
-"""Rendering and tokenizing many conversations on several cores: chunk functions mapped, in order, over
+"""Rendering, tokenizing and leak-checking many conversations on several cores: chunk functions mapped, in order, over
 spawned worker processes that each hold a copy of the tokenizer. The chat template's rendering and the
 offset bookkeeping run in Python, one core each, so a process per core is what scales them; the
 workers start on the first call large enough to need them, and never for small data.
