@@ -38,6 +38,7 @@ from models import hub
 from serving.speedup_report import (
     PLAIN,
     SERVING_FILE,
+    TOP_LOGPROBS,
     analyse,
     best_by_concurrency,
     check_counters,
@@ -123,6 +124,7 @@ class Bench:
             "concurrency": self.concurrency,
             "max_new_tokens": self.max_new_tokens,
             "engine": self.engine,
+            "top_logprobs": TOP_LOGPROBS,
         }
 
     def job(self, name: str) -> dict:
@@ -137,6 +139,7 @@ class Bench:
             "max_new_tokens": self.max_new_tokens,
             "stop_ids": self.stop_ids,
             "sets": self.sets,
+            "top_logprobs": TOP_LOGPROBS if name == PLAIN else 0,
         }
 
 

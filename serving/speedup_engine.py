@@ -9,7 +9,10 @@ speculative counters (``spec_verify_ct``, ``spec_correct_drafts_histogram``). Th
 written to RESULT.json (atomically) for the parent, which compares and tabulates.
 
 The job (written by ``serving.speedup``) names the target, the draft (null: the target alone),
-the setting, the engine options and the prompt token ids per set and level. Runs in its own
+the setting, the engine options and the prompt token ids per set and level. With ``top_logprobs`` N
+(the target alone's job), the engine then decodes each set's lowest level once more, one request at a
+time, returning its N most likely tokens and their log probabilities at every output position: the
+margins the report reads where another engine's output left the target's. Runs in its own
 process: SGLang ends the process that started an engine whose scheduler fails, so the parent
 survives to name the setting. Needs a CUDA GPU and SGLang.
 """
@@ -58,6 +61,18 @@ def request_record(latency_s: float, out: dict) -> dict:
     }
 
 
+async def top_logprob_pass(engine, prompts: list[list[int]], sampling: dict, top: int) -> list[dict]:
+    """Each prompt once more, one request at a time (untimed): its output ids and, per output position, the
+    ``top`` most likely tokens as [token id, log probability] pairs."""
+    records = []
+    for ids in prompts:
+        out = await engine.async_generate(input_ids=ids, sampling_params=sampling, return_logprob=True, top_logprobs_num=top)
+        positions = out["meta_info"]["output_top_logprobs"]  # per position: [(logprob, token id, text or None), ...]
+        pairs = [[[t, round(lp, 4)] for lp, t, _ in pos or []] for pos in positions]
+        records.append({"output_ids": list(out["output_ids"]), "top": pairs})
+    return records
+
+
 async def decode_level(engine, prompts: list[list[int]], concurrency: int, sampling: dict) -> dict:
     """Every prompt, at most ``concurrency`` in flight; the level's wall time and one record per prompt."""
     gate = asyncio.Semaphore(concurrency)
@@ -93,9 +108,16 @@ def measure(job: dict) -> dict:
             for c in job["concurrency"]:
                 engine.flush_cache()
                 sets[name][str(c)] = engine.loop.run_until_complete(decode_level(engine, levels[str(c)], c, sampling))
+        lowest, n_top = str(min(job["concurrency"])), job["top_logprobs"]
+        tops = {
+            name: engine.loop.run_until_complete(top_logprob_pass(engine, levels[lowest], sampling, n_top))
+            for name, levels in job["sets"].items()
+            if n_top
+        }
     finally:
         engine.shutdown()
-    return {"start_s": start_s, "sglang": sglang.__version__, "device": torch.cuda.get_device_name(0), "sets": sets}
+    device = torch.cuda.get_device_name(0)
+    return {"start_s": start_s, "sglang": sglang.__version__, "device": device, "sets": sets, "top_logprobs": tops}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,14 @@ Definitions (one request = one prompt decoded greedily to ``max_new_tokens`` or 
 * ``tau``: output tokens / verify steps over the level's requests (the bonus token counted);
 * ``cycle_ms``: the median request's latency / its verify steps (one draft-and-verify cycle);
 * ``speedup``: ``tokens_per_s`` over the target alone's at the same prompts and concurrency;
-* ``identical``: outputs equal to the target alone's, token for token, at the same concurrency.
+* ``identical``: outputs equal to the target alone's, token for token, at the same concurrency;
+* ``margin`` of a divergence: the target alone's log probability of its own token minus that of the
+  token the other output took there, read from its top-logprob pass over the lowest level's prompts
+  (where that pass decoded the same prefix); a bf16 near-tie has a margin near 0;
+* ``noise_floor`` of a prompt set: the largest margin at which the target alone's own outputs at other
+  concurrencies left its outputs at the lowest one (batch shapes alone, no draft); ``near_ties``: a
+  setting's divergences at a margin within it either way (negative: the target alone at that concurrency
+  took a token its lowest-level pass ranked below the other's).
 
 Cost model (from the chains, at each concurrency): the target alone emits one token per step of
 ``step_ms`` (its median ``tpot_ms``); a chain of k draft steps costs ``cycle_ms(k) = k · draft_ms +
@@ -33,6 +40,7 @@ from serving.eval import ratio_se
 
 PLAIN = "plain"  # the target alone: the baseline every setting is compared with
 SERVING_FILE = "serving.json"  # the measured best settings, written into the export dir
+TOP_LOGPROBS = 5  # tokens per position of the target alone's top-logprob pass
 
 
 def setting_name(setting: Sequence[int]) -> str:
@@ -93,8 +101,25 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def divergences(plain: list[dict], other: list[dict], decode) -> list[dict]:
-    """Every request whose output differs from the target alone's: where, and the text around it."""
+def margin_at(top: dict | None, plain_ids: Sequence[int], other_ids: Sequence[int], at: int) -> dict:
+    """The target alone's margin where two outputs part at token ``at``, from its top-logprob record of
+    the prompt: ``margin`` (None where the record decoded another prefix or either output ended there) and
+    ``beyond_top`` (the other token was not among its top tokens: the margin is a lower bound)."""
+    unknown = {"margin": None, "beyond_top": False}
+    if top is None or at >= min(len(plain_ids), len(other_ids), len(top["top"])) or top["output_ids"][:at] != list(plain_ids[:at]):
+        return unknown
+    logprob = {token: lp for token, lp in top["top"][at]}
+    mine, theirs = plain_ids[at], other_ids[at]
+    if mine not in logprob:
+        return unknown
+    if theirs in logprob:
+        return {"margin": logprob[mine] - logprob[theirs], "beyond_top": False}
+    return {"margin": logprob[mine] - min(logprob.values()), "beyond_top": True}
+
+
+def divergences(plain: list[dict], other: list[dict], decode, tops: list[dict]) -> list[dict]:
+    """Every request whose output differs from the target alone's: where, the text around it, and the
+    target's margin there (``tops``: its top-logprob records of the first prompts)."""
     out = []
     for i, (p, o) in enumerate(zip(plain, other, strict=True)):
         at = first_difference(p["output_ids"], o["output_ids"])
@@ -107,6 +132,7 @@ def divergences(plain: list[dict], other: list[dict], decode) -> list[dict]:
                     "plain": decode(p["output_ids"][lo : at + 8]),
                     "draft": decode(o["output_ids"][lo : at + 8]),
                 }
+                | margin_at(tops[i] if i < len(tops) else None, p["output_ids"], o["output_ids"], at)
             )
     return out
 
@@ -125,23 +151,48 @@ def check_counters(name: str, run: dict) -> None:
 
 
 def compact(run: dict, plain: dict | None, decode) -> dict:
-    """A measured setting as the results file keeps it: the target alone keeps its output ids (every
-    later setting is compared with them); a draft setting keeps its divergences from them instead."""
+    """A measured setting as the results file keeps it: the target alone keeps its output ids and its
+    top-logprob records (every later setting is compared with them); a draft setting keeps its
+    divergences from them instead."""
     sets = {}
     for name, levels in run["sets"].items():
         sets[name] = {}
         for c, level in levels.items():
             kept = dict(level)
             if plain is not None:
-                kept["divergences"] = divergences(plain["sets"][name][c]["requests"], level["requests"], decode)
+                base = plain["sets"][name][c]["requests"]
+                kept["divergences"] = divergences(base, level["requests"], decode, plain["top_logprobs"][name])
                 kept["requests"] = [{k: v for k, v in r.items() if k != "output_ids"} for r in level["requests"]]
             sets[name][c] = kept
     return run | {"sets": sets}
 
 
+def self_margins(plain: dict, set_name: str, c: str) -> list[float]:
+    """The margins at which the target alone's outputs at concurrency ``c`` left its own at the lowest
+    level (the batch shapes' noise, no draft), where its top-logprob records know them."""
+    levels = plain["sets"][set_name]
+    first = levels[min(levels, key=int)]["requests"]
+    tops = plain["top_logprobs"][set_name]
+    margins = []
+    for i, (a, b) in enumerate(zip(first, levels[c]["requests"])):
+        at = first_difference(a["output_ids"], b["output_ids"])
+        if at is not None and i < len(tops):
+            found = margin_at(tops[i], a["output_ids"], b["output_ids"], at)
+            if found["margin"] is not None and not found["beyond_top"]:
+                margins.append(found["margin"])
+    return margins
+
+
+def noise_floor(plain: dict, set_name: str) -> float | None:
+    """The largest margin the target alone diverged from itself at, over every level of the set."""
+    margins = [m for c in plain["sets"][set_name] for m in self_margins(plain, set_name, c)]
+    return max(margins) if margins else None
+
+
 def analyse(runs: dict[str, dict]) -> list[dict]:
     """One row per (setting, prompt set, concurrency), the target alone's rows first."""
     plain = runs[PLAIN]
+    floors = {set_name: noise_floor(plain, set_name) for set_name in plain["sets"]}
     rows = []
     for name, run in runs.items():
         for set_name, levels in run["sets"].items():
@@ -153,8 +204,11 @@ def analyse(runs: dict[str, dict]) -> list[dict]:
                     first = plain["sets"][set_name][min(levels, key=int)]["requests"]
                     same = sum(first_difference(a["output_ids"], b["output_ids"]) is None for a, b in zip(first, level["requests"]))
                     row |= {"identical": len(level["requests"]), "identical_to_concurrency_1": same}
+                    row |= {"self_margins": self_margins(plain, set_name, c), "noise_floor": floors[set_name]}
                 else:
+                    floor, margins = floors[set_name], [d["margin"] for d in level["divergences"] if not d["beyond_top"]]
                     row["identical"] = len(level["requests"]) - len(level["divergences"])
+                    row["near_ties"] = sum(m is not None and floor is not None and abs(m) <= floor for m in margins)
                 rows.append(row)
     return rows
 
@@ -216,19 +270,32 @@ def cost_model(rows: list[dict]) -> dict[str, dict]:
 
 def table(rows: list[dict], starts: dict[str, float]) -> str:
     """The rows as a text table, a block per prompt set."""
-    head = f"{'setting':<24} {'c':>3} {'tau':>6} {'tok/s':>9} {'req tok/s':>9} {'tpot ms':>8} {'p90':>7} {'speedup':>7} {'same':>9}"
+    head = f"{'setting':<24} {'c':>3} {'tau':>6} {'tok/s':>9} {'req tok/s':>9} {'tpot ms':>8} {'p90':>7} {'speedup':>7}"
+    head += f" {'same':>9} {'tie':>4}"
     lines = []
     for set_name in dict.fromkeys(r["set"] for r in rows):
         lines += [f"{set_name}", head]
         for r in (r for r in rows if r["set"] == set_name):
             tau = f"{r['tau']:.3f}" if "tau" in r else "-"
+            ties = r["near_ties"] if "near_ties" in r else "-"
             lines.append(
                 f"{r['setting']:<24} {r['concurrency']:>3} {tau:>6} {r['tokens_per_s']:>9.0f} {r['request_tokens_per_s']:>9.1f} "
-                f"{r['tpot_ms']:>8.2f} {r['tpot_p90_ms']:>7.2f} {r['speedup']:>6.2f}x {r['identical']:>4}/{r['requests']:<4}"
+                f"{r['tpot_ms']:>8.2f} {r['tpot_p90_ms']:>7.2f} {r['speedup']:>6.2f}x {r['identical']:>4}/{r['requests']:<4} {ties:>4}"
             )
-        lines.append("")
+        lines += [noise_line(rows, set_name), ""]
     lines.append("engine start (s, apart from the decode times): " + ", ".join(f"{k} {v:.0f}" for k, v in starts.items()))
     return "\n".join(lines)
+
+
+def noise_line(rows: list[dict], set_name: str) -> str:
+    """What ``tie`` counts in a set: the target alone's own divergences across concurrency and their margins."""
+    own = [m for r in rows if r["set"] == set_name and r["setting"] == PLAIN for m in r["self_margins"]]
+    if not own:
+        return "tie: no margin of the target alone's own divergences known, so no divergence counts as a near tie"
+    return (
+        f"tie: divergences at a margin within {max(own):.3f}, the largest at which the target alone left its own outputs "
+        f"across concurrency ({len(own)} times, median {statistics.median(own):.3f})"
+    )
 
 
 def divergence_lines(runs: dict[str, dict]) -> list[str]:
@@ -238,7 +305,10 @@ def divergence_lines(runs: dict[str, dict]) -> list[str]:
         for set_name, levels in run["sets"].items():
             for c, level in levels.items():
                 for d in level.get("divergences", []):
-                    lines.append(f"{name} {set_name} c={c} prompt {d['prompt']} token {d['at_token']}: {d['plain']!r} -> {d['draft']!r}")
+                    margin = "margin unknown" if d["margin"] is None else f"margin {'> ' if d['beyond_top'] else ''}{d['margin']:.3f}"
+                    lines.append(
+                        f"{name} {set_name} c={c} prompt {d['prompt']} token {d['at_token']} ({margin}): {d['plain']!r} -> {d['draft']!r}"
+                    )
     return lines
 
 

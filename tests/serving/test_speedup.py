@@ -74,13 +74,25 @@ def _records(name: str, prompts: list[list[int]], c: int) -> dict:
     return {"wall_s": sum(r["latency_s"] for r in reqs) / c, "requests": reqs}
 
 
+def _top_records(prompts: list[list[int]]) -> list[dict]:
+    """The target alone's top-logprob pass: at each position its own token, the next id 0.05 behind (a near
+    tie), the one after far behind."""
+    records = []
+    for ids in prompts:
+        out = [(ids[0] * 7 + t) % 97 for t in range(TOKENS)]
+        records.append({"output_ids": out, "top": [[[tok, -0.5], [tok + 1, -0.55], [tok + 2, -3.0]] for tok in out]})
+    return records
+
+
 def stand_in(calls: list[str], fail: set[str] = frozenset()):
     def runner(job, log_path, timeout_s, name):
         calls.append(name)
         if name in fail:
             raise SettingFailed(f"setting {name}: the engine process exited with code 1; log {log_path} is empty")
         sets = {s: {c: _records(name, ids, int(c)) for c, ids in levels.items()} for s, levels in job["sets"].items()}
-        return {"start_s": 30.0, "sglang": "0.5.14", "device": "stand-in", "sets": sets}
+        lowest = str(min(job["concurrency"]))
+        tops = {s: _top_records(levels[lowest]) for s, levels in job["sets"].items() if job["top_logprobs"]}
+        return {"start_s": 30.0, "sglang": "0.5.14", "device": "stand-in", "sets": sets, "top_logprobs": tops}
 
     return runner
 
@@ -138,6 +150,47 @@ def test_speedup_identity_and_divergences_come_from_the_records(tmp_path):
     assert d["prompt"] == 1 and d["at_token"] == 5 and d["plain"] != d["draft"]
     assert "output_ids" not in data["runs"]["6/1/7"]["sets"]["chat"]["4"]["requests"][0]  # kept for the target alone only
     assert "output_ids" in data["runs"][PLAIN]["sets"]["chat"]["4"]["requests"][0]
+
+
+def test_divergences_carry_the_targets_margin_and_near_ties_are_counted(tmp_path):
+    """The target alone's own outputs at concurrency 4 leave those at 1 once, at a margin of 0.05 (the noise
+    floor); the chain's divergences at a margin of 0.05 either way are near ties, one to a token beyond the
+    target's top ones is not."""
+
+    def runner(job, log_path, timeout_s, name):
+        run = stand_in([])(job, log_path, timeout_s, name)
+        level = run["sets"]["chat"]["4"]["requests"]
+        if name == PLAIN:
+            level[2]["output_ids"][3] += 1  # batch-shape noise: the near-tie token
+        else:
+            level[3]["output_ids"][7] += 50  # a token the target did not rank among its top 3
+        return run
+
+    data = run_grid(_bench(tmp_path), ["6/1/7"], tmp_path / "s.json", _decode, runner)
+    rows = {(r["setting"], r["set"], r["concurrency"]): r for r in analyse(data["runs"])}
+    plain = rows[(PLAIN, "chat", 4)]
+    assert plain["self_margins"] == [pytest.approx(0.05)] and plain["noise_floor"] == pytest.approx(0.05)
+    assert rows[(PLAIN, "code", 4)]["noise_floor"] is None  # no own divergence in that set
+    tie, noise, far = data["runs"]["6/1/7"]["sets"]["chat"]["4"]["divergences"]
+    assert (tie["prompt"], tie["at_token"], tie["beyond_top"]) == (1, 5, False) and tie["margin"] == pytest.approx(0.05)
+    assert (noise["prompt"], noise["at_token"]) == (2, 3) and noise["margin"] == pytest.approx(-0.05)  # the target's own pick moved
+    assert (far["prompt"], far["at_token"], far["beyond_top"]) == (3, 7, True) and far["margin"] == pytest.approx(2.5)
+    chain = rows[("6/1/7", "chat", 4)]
+    assert chain["identical"] == 5 and chain["near_ties"] == 2
+    assert rows[("6/1/7", "code", 4)]["near_ties"] == 0  # a divergence, but no noise floor to hold it to
+    text = summarise(data, tmp_path / "s.json", _bench(tmp_path).export_dir)
+    assert "6/1/7 chat c=4 prompt 1 token 5 (margin 0.050)" in text and "prompt 3 token 7 (margin > 2.500)" in text
+    assert "tie: divergences at a margin within 0.050" in text
+
+
+def test_a_margin_needs_the_same_prefix_in_the_top_logprob_record():
+    from serving.speedup_report import margin_at
+
+    top = {"output_ids": [1, 2, 3], "top": [[[1, -0.1], [9, -0.2]], [[2, -0.1], [8, -0.3]], [[3, -0.1]]]}
+    assert margin_at(top, [1, 2, 3], [1, 8, 3], 1) == {"margin": pytest.approx(0.2), "beyond_top": False}
+    assert margin_at(top, [1, 5, 3], [1, 5, 4], 2)["margin"] is None  # the record decoded another prefix
+    assert margin_at(top, [1, 2], [1, 2, 3], 2)["margin"] is None  # one output ended there
+    assert margin_at(None, [1, 2, 3], [1, 8, 3], 1)["margin"] is None  # a prompt beyond the pass
 
 
 def test_the_best_setting_is_the_fastest_not_the_longest_accepted(tmp_path):
@@ -280,6 +333,7 @@ def test_the_engine_options_of_a_job():
     from serving.speedup_engine import engine_options, request_record
 
     job = {"target": "/t", "draft": None, "setting": None, "engine": {"attention_backend": "triton", "max_running_requests": 64}}
+    assert _bench(Path("/nonexistent")).job(PLAIN)["top_logprobs"] == 5 and _bench(Path("/none")).job("6/1/7")["top_logprobs"] == 0
     plain = engine_options(job)
     assert plain["model_path"] == "/t" and plain["skip_tokenizer_init"] and plain["max_running_requests"] == 64
     assert not any(k.startswith("speculative") for k in plain)
@@ -305,3 +359,19 @@ def test_a_draft_request_without_speculative_counters_is_an_error_not_a_gap_in_t
 def test_serving_launch_refuses_zero_steps_rather_than_defaulting(tmp_path, capsys):
     with pytest.raises(ValueError, match="must be >= 1"):
         launch_main(["--engine", "sglang", "--target", str(tmp_path), "--num-steps", "0"])
+
+
+def test_the_top_logprob_pass_keeps_token_and_logprob_pairs():
+    """SGLang's ``output_top_logprobs``: per position (logprob, token id, text) triples, or None."""
+    import asyncio
+
+    from serving.speedup_engine import top_logprob_pass
+
+    class Engine:
+        async def async_generate(self, input_ids, sampling_params, return_logprob, top_logprobs_num):
+            assert return_logprob and top_logprobs_num == 2
+            positions = [[(-0.123456, 7, None), (-0.3, 9, None)], None]
+            return {"output_ids": [7, 8], "meta_info": {"output_top_logprobs": positions}}
+
+    records = asyncio.run(top_logprob_pass(Engine(), [[1, 2]], {"temperature": 0.0}, 2))
+    assert records == [{"output_ids": [7, 8], "top": [[[7, -0.1235], [9, -0.3]], []]}]
