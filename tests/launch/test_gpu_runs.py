@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from launch.gpu_runs import PYTHON, Step
 
 ROOT = Path(__file__).resolve().parents[2]
 DEVICE_RUN = ROOT / "launch" / "device_run.sh"
-SHELL = ("setup-sglang", "setup-deps", "setup-gguf", "bg", "collect")  # the subcommands the shell itself runs
+SHELL = ("setup-sglang", "setup-deps", "setup-gguf", "bg", "collect", "wait")  # the subcommands the shell itself runs
 DP_RUNS = ROOT / "docs" / "device_runs"
 GPU_MARK = "mark." + "gpu"  # spelled apart: this file marks no gpu test
 
@@ -332,7 +333,7 @@ def documented_subcommands() -> list[str]:
 
 def test_every_subcommand_device_run_documents_is_the_shells_or_the_programs():
     names = documented_subcommands()
-    assert len(names) == len(set(names)) == 13
+    assert len(names) == len(set(names)) == 14
     assert set(names) == set(SHELL) | set(gpu_runs.SEQUENCES)
     arms = re.findall(r"^([a-z0-9|*-]+)\)$", DEVICE_RUN.read_text(), flags=re.M)
     assert arms == [*SHELL, "*"]  # the rest goes to the program
@@ -344,12 +345,44 @@ def test_device_run_hands_the_other_subcommands_to_the_program_as_given(tmp_path
     fake = bin_dir / "python3"
     fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
     fake.chmod(0o755)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "RES": "/r"}
     done = subprocess.run(
         ["bash", str(DEVICE_RUN), "dp", "/c d", "sglang-two", "--steps", "3"], cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["launch/gpu_runs.py", "dp", "/c d", "sglang-two", "--steps", "3"]
+    assert done.stdout.splitlines() == ["launch/gpu_runs.py", "dp", "--res", "/r", "/c d", "sglang-two", "--steps", "3"]
+    assert gpu_runs.parse(["recipe", "--res", "/r", "/c", "--phases", "training"]).rest == ["--phases", "training"]
+
+
+def _device_run(args: list[str], res: Path, out: Path) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin", "RES": str(res), "OUT": str(out), "HOME": str(res.parent)}
+    return subprocess.run(["bash", str(DEVICE_RUN), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_bg_then_wait_collects_the_jobs_exit_code_and_results(tmp_path):
+    res, out = tmp_path / "res", tmp_path / "out"
+    out.mkdir()
+    started = _device_run(["bg", "job", "0", "bash", "-c", "sleep 2; echo made > made.txt; echo done"], res, out)
+    assert started.returncode == 0 and "started job on GPU 0" in started.stdout
+    waited = _device_run(["wait", "job", "60"], res, out)
+    assert waited.returncode == 0, waited.stderr
+    assert "== job: exit 0" in waited.stdout and "done" in waited.stdout
+    with tarfile.open(out / "res.tgz") as tar:
+        assert {"./job.log", "./job.rc"} <= set(tar.getnames())
+    assert sorted(p.name for p in out.iterdir()) == ["res.tgz"]  # nothing half-written left beside it
+
+
+def test_wait_returns_at_its_limit_with_a_collection_of_a_job_still_running(tmp_path):
+    """The lease's last call: the job outlives the wait, and what was collected comes back all the same."""
+    res, out = tmp_path / "res", tmp_path / "out"
+    out.mkdir()
+    res.mkdir()
+    (res / "long.log").write_text("step 1\n")
+    waited = _device_run(["wait", "long", "2"], res, out)
+    assert waited.returncode == 0, waited.stderr
+    assert "== long: running" in waited.stdout and (out / "res.tgz").is_file()
+    refused = _device_run(["wait", "long"], res, out)
+    assert refused.returncode != 0 and "give the seconds to wait at most" in refused.stderr
 
 
 def test_the_program_runs_as_a_script():
