@@ -272,8 +272,15 @@ def build_bench(args: argparse.Namespace) -> tuple[Bench, list[str], object]:
         ids = [render(tokenizer, list(p.context)) for p in read_prompt_file(path)]
         sizes = level_sizes(len(ids), sorted(args.concurrency), args.min_prompts, args.per_slot)
         sets[path.stem] = {c: ids[:n] for c, n in sizes.items()}
+    stop = stop_ids_of(generation, tokenizer)
+    bench = Bench(args.export_dir, target, sets, stop, sorted(args.concurrency), args.max_new_tokens, engine_settings(args), args.timeout)
+    return bench, [setting_name(s) for s in settings], tokenizer.decode
+
+
+def engine_settings(args: argparse.Namespace) -> dict:
+    """The ``sglang.Engine`` options every engine of the grid shares (beside the target and the draft)."""
     top = max(args.concurrency)
-    engine = {
+    return {
         "attention_backend": args.attention_backend,
         "page_size": args.page_size,
         "mem_fraction_static": args.mem_fraction_static,
@@ -281,10 +288,8 @@ def build_bench(args: argparse.Namespace) -> tuple[Bench, list[str], object]:
         "cuda_graph_max_bs_decode": top,
         "disable_prefill_cuda_graph": not args.prefill_graph,
         "enable_deterministic_inference": args.deterministic,
+        "enable_fp32_lm_head": args.fp32_lm_head,
     }
-    stop = stop_ids_of(generation, tokenizer)
-    bench = Bench(args.export_dir, target, sets, stop, sorted(args.concurrency), args.max_new_tokens, engine, args.timeout)
-    return bench, [setting_name(s) for s in settings], tokenizer.decode
 
 
 def _embedded_target() -> Path:
@@ -320,6 +325,11 @@ def _parser() -> argparse.ArgumentParser:
         "--deterministic",
         action="store_true",
         help="SGLang's batch-invariant kernels in every engine: the identity check without bf16 batch-shape noise (slower)",
+    )
+    p.add_argument(
+        "--fp32-lm-head",
+        action="store_true",
+        help="SGLang's fp32 logits in every engine: no exact bf16 ties between the top tokens (the identity check)",
     )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds an engine may take, start and decoding")
     p.add_argument("--json", type=Path, default=None, help="results file (default: EXPORT_DIR/../speedup.json); resumed")

@@ -375,3 +375,12 @@ def test_the_top_logprob_pass_keeps_token_and_logprob_pairs():
 
     records = asyncio.run(top_logprob_pass(Engine(), [[1, 2]], {"temperature": 0.0}, 2))
     assert records == [{"output_ids": [7, 8], "top": [[[7, -0.1235], [9, -0.3]], []]}]
+
+
+def test_the_engine_settings_every_engine_shares():
+    args = speedup._parser().parse_args(["/e", "--prompts", "p.jsonl", "--concurrency", "1", "16", "--fp32-lm-head"])
+    settings = speedup.engine_settings(args)
+    assert settings["max_running_requests"] == settings["cuda_graph_max_bs_decode"] == 16
+    assert settings["enable_fp32_lm_head"] and not settings["enable_deterministic_inference"]
+    assert settings["attention_backend"] == "triton" and settings["disable_prefill_cuda_graph"]
+    assert not speedup.engine_settings(speedup._parser().parse_args(["/e", "--prompts", "p.jsonl"]))["enable_fp32_lm_head"]
