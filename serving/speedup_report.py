@@ -289,12 +289,13 @@ def table(rows: list[dict], starts: dict[str, float]) -> str:
 
 def noise_line(rows: list[dict], set_name: str) -> str:
     """What ``tie`` counts in a set: the target alone's own divergences across concurrency and their margins."""
-    own = [m for r in rows if r["set"] == set_name and r["setting"] == PLAIN for m in r["self_margins"]]
+    plain = [r for r in rows if r["set"] == set_name and r["setting"] == PLAIN]
+    own = [m for r in plain for m in r["self_margins"]]
     if not own:
         return "tie: no margin of the target alone's own divergences known, so no divergence counts as a near tie"
     return (
-        f"tie: divergences at a margin within {max(own):.3f}, the largest at which the target alone left its own outputs "
-        f"across concurrency ({len(own)} times, median {statistics.median(own):.3f})"
+        f"tie: divergences at a margin within {plain[0]['noise_floor']:.3f}, the largest at which the target alone left its own "
+        f"outputs across concurrency ({len(own)} times, median {statistics.median(own):.3f})"
     )
 
 
