@@ -14,7 +14,7 @@ Definitions (one request = one prompt decoded greedily to ``max_new_tokens`` or 
 * ``margin`` of a divergence: the target alone's log probability of its own token minus that of the
   token the other output took there, read from its top-logprob pass over the lowest level's prompts
   (where that pass decoded the same prefix); a bf16 near-tie has a margin near 0;
-* ``noise_floor`` of a prompt set: the largest margin at which the target alone's own outputs at other
+* ``noise_floor`` of a prompt set (on the target alone's rows): the largest margin at which the target alone's own outputs at other
   concurrencies left its outputs at the lowest one (batch shapes alone, no draft); ``near_ties``: a
   setting's divergences at a margin within it either way (negative: the target alone at that concurrency
   took a token its lowest-level pass ranked below the other's).
@@ -183,16 +183,11 @@ def self_margins(plain: dict, set_name: str, c: str) -> list[float]:
     return margins
 
 
-def noise_floor(plain: dict, set_name: str) -> float | None:
-    """The largest margin the target alone diverged from itself at, over every level of the set."""
-    margins = [m for c in plain["sets"][set_name] for m in self_margins(plain, set_name, c)]
-    return max(margins) if margins else None
-
-
 def analyse(runs: dict[str, dict]) -> list[dict]:
     """One row per (setting, prompt set, concurrency), the target alone's rows first."""
     plain = runs[PLAIN]
-    floors = {set_name: noise_floor(plain, set_name) for set_name in plain["sets"]}
+    own = {(set_name, c): self_margins(plain, set_name, c) for set_name, levels in plain["sets"].items() for c in levels}
+    floors = {set_name: max((m for (s, _), ms in own.items() if s == set_name for m in ms), default=None) for set_name in plain["sets"]}
     rows = []
     for name, run in runs.items():
         for set_name, levels in run["sets"].items():
@@ -204,7 +199,7 @@ def analyse(runs: dict[str, dict]) -> list[dict]:
                     first = plain["sets"][set_name][min(levels, key=int)]["requests"]
                     same = sum(first_difference(a["output_ids"], b["output_ids"]) is None for a, b in zip(first, level["requests"]))
                     row |= {"identical": len(level["requests"]), "identical_to_concurrency_1": same}
-                    row |= {"self_margins": self_margins(plain, set_name, c), "noise_floor": floors[set_name]}
+                    row |= {"self_margins": own[set_name, c], "noise_floor": floors[set_name]}
                 else:
                     floor, margins = floors[set_name], [d["margin"] for d in level["divergences"] if not d["beyond_top"]]
                     row["identical"] = len(level["requests"]) - len(level["divergences"])
