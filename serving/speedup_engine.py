@@ -108,10 +108,11 @@ def measure(job: dict) -> dict:
             for c in job["concurrency"]:
                 engine.flush_cache()
                 sets[name][str(c)] = engine.loop.run_until_complete(decode_level(engine, levels[str(c)], c, sampling))
-        lowest, n_top, tops = str(min(job["concurrency"])), job["top_logprobs"], {}
-        for name, levels in job["sets"].items() if n_top else ():
-            engine.flush_cache()  # as before the timed level: its prompts' prefill not served from the cache
-            tops[name] = engine.loop.run_until_complete(top_logprob_pass(engine, levels[lowest], sampling, n_top))
+        lowest, tops = str(min(job["concurrency"])), {}
+        if job["top_logprobs"]:
+            for name, levels in job["sets"].items():
+                engine.flush_cache()  # as before the timed level: its prompts' prefill not served from the cache
+                tops[name] = engine.loop.run_until_complete(top_logprob_pass(engine, levels[lowest], sampling, job["top_logprobs"]))
     finally:
         engine.shutdown()
     device = torch.cuda.get_device_name(0)

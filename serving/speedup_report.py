@@ -117,23 +117,25 @@ def margin_at(top: dict | None, plain_ids: Sequence[int], other_ids: Sequence[in
     return {"margin": logprob[mine] - min(logprob.values()), "beyond_top": True}
 
 
-def divergences(plain: list[dict], other: list[dict], decode, tops: list[dict]) -> list[dict]:
-    """Every request whose output differs from the target alone's: where, the text around it, and the
-    target's margin there (``tops``: its top-logprob records of the first prompts)."""
+def partings(plain: list[dict], other: list[dict], tops: list[dict]) -> list[tuple[int, int, dict]]:
+    """(prompt, first differing token, the target's margin there) of every request whose output differs
+    from the target alone's (``tops``: its top-logprob records of the first prompts)."""
     out = []
     for i, (p, o) in enumerate(zip(plain, other, strict=True)):
         at = first_difference(p["output_ids"], o["output_ids"])
         if at is not None:
-            lo = max(0, at - 8)
-            out.append(
-                {
-                    "prompt": i,
-                    "at_token": at,
-                    "plain": decode(p["output_ids"][lo : at + 8]),
-                    "draft": decode(o["output_ids"][lo : at + 8]),
-                }
-                | margin_at(tops[i] if i < len(tops) else None, p["output_ids"], o["output_ids"], at)
-            )
+            out.append((i, at, margin_at(tops[i] if i < len(tops) else None, p["output_ids"], o["output_ids"], at)))
+    return out
+
+
+def divergences(plain: list[dict], other: list[dict], decode, tops: list[dict]) -> list[dict]:
+    """Every request whose output differs from the target alone's: where, the text around it, and the
+    target's margin there."""
+    out = []
+    for i, at, margin in partings(plain, other, tops):
+        lo = max(0, at - 8)
+        text = {"plain": decode(plain[i]["output_ids"][lo : at + 8]), "draft": decode(other[i]["output_ids"][lo : at + 8])}
+        out.append({"prompt": i, "at_token": at} | text | margin)
     return out
 
 
@@ -172,22 +174,15 @@ def self_margins(plain: dict, set_name: str, c: str) -> list[float]:
     level (the batch shapes' noise, no draft), where its top-logprob records know them."""
     levels = plain["sets"][set_name]
     first = levels[min(levels, key=int)]["requests"]
-    tops = plain["top_logprobs"][set_name]
-    margins = []
-    for i, (a, b) in enumerate(zip(first, levels[c]["requests"])):
-        at = first_difference(a["output_ids"], b["output_ids"])
-        if at is not None and i < len(tops):
-            found = margin_at(tops[i], a["output_ids"], b["output_ids"], at)
-            if found["margin"] is not None and not found["beyond_top"]:
-                margins.append(found["margin"])
-    return margins
+    found = partings(first, levels[c]["requests"][: len(first)], plain["top_logprobs"][set_name])
+    return [m["margin"] for _, _, m in found if m["margin"] is not None and not m["beyond_top"]]
 
 
 def analyse(runs: dict[str, dict]) -> list[dict]:
     """One row per (setting, prompt set, concurrency), the target alone's rows first."""
     plain = runs[PLAIN]
-    own = {(set_name, c): self_margins(plain, set_name, c) for set_name, levels in plain["sets"].items() for c in levels}
-    floors = {set_name: max((m for (s, _), ms in own.items() if s == set_name for m in ms), default=None) for set_name in plain["sets"]}
+    own = {set_name: {c: self_margins(plain, set_name, c) for c in levels} for set_name, levels in plain["sets"].items()}
+    floors = {set_name: max((m for ms in by_c.values() for m in ms), default=None) for set_name, by_c in own.items()}
     rows = []
     for name, run in runs.items():
         for set_name, levels in run["sets"].items():
@@ -199,7 +194,7 @@ def analyse(runs: dict[str, dict]) -> list[dict]:
                     first = plain["sets"][set_name][min(levels, key=int)]["requests"]
                     same = sum(first_difference(a["output_ids"], b["output_ids"]) is None for a, b in zip(first, level["requests"]))
                     row |= {"identical": len(level["requests"]), "identical_to_concurrency_1": same}
-                    row |= {"self_margins": own[set_name, c], "noise_floor": floors[set_name]}
+                    row |= {"self_margins": own[set_name][c], "noise_floor": floors[set_name]}
                 else:
                     floor, margins = floors[set_name], [d["margin"] for d in level["divergences"] if not d["beyond_top"]]
                     row["identical"] = len(level["requests"]) - len(level["divergences"])
