@@ -202,7 +202,7 @@ def deepspeed_model(
     params = [p for p in objective.parameters() if p.requires_grad]
     s = cfg.schedule
     opt = draft_optimizer(params, s, device)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(s, step, total, clock.time_frac))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(s, step, total, clock.schedule_frac))
     config = deepspeed_config(cfg, dtype == torch.bfloat16)
     ds_model, *_ = deepspeed.initialize(model=objective, optimizer=opt, lr_scheduler=sched, config=config)
     return ds_model

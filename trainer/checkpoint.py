@@ -38,6 +38,7 @@ class Position:
     epoch: int  # epoch in progress
     micro: int  # micro-batches of that epoch already consumed (on every rank)
     train_s: float = 0.0  # training seconds up to here, over every resume (rank 0's; trainer.max_time_s counts them)
+    schedule_start_s: float | None = None  # a time-capped run's seconds at its first step's end (trainer.schedule.RunClock)
 
 
 def vocab_digest(vocab: VocabMap) -> str:

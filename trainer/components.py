@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -254,11 +254,12 @@ class Checkpointer:
         self.state.pos, data_state = ckpt.load(self.built.ds_model, path)
         self.built.loader.load_state_dict(data_state, strict="data" not in self.cfg.trainer.resume_allow)
         self.state.step, self.state.train_s = self.state.pos.step, self.state.pos.train_s
-        self.built.clock.spent_s = self.state.pos.train_s
+        self.built.clock.spent_s, self.built.clock.start_s = self.state.pos.train_s, self.state.pos.schedule_start_s
         self.saved_step = self.state.step
 
     def save(self) -> Path:
-        pos, b = self.state.pos, self.built
+        b = self.built
+        pos = replace(self.state.pos, schedule_start_s=b.clock.start_s)
         self.saved_step = pos.step
         data_state = b.loader.state_for(pos.epoch, pos.micro)  # what was trained, not what was read ahead
         return ckpt.save(
@@ -360,6 +361,8 @@ class TimeCap:
     def after_step(self, at: StepEnd) -> None:
         if self.clock.max_time_s is not None:
             self.clock.spent_s = all_reduce_scalar(self.state.train_s, self.device, torch.distributed.ReduceOp.MAX)
+            if self.clock.start_s is None:  # the run's first step ended: the schedule's time axis starts here
+                self.clock.start_s = self.clock.spent_s
             self.state.out_of_time = self.clock.time_frac >= 1.0
 
 

@@ -3,8 +3,10 @@
 A new schedule is one function here and one ``conf/schedule/NAME.yaml``.
 
 A run's progress is the larger of its steps done and, under ``trainer.max_time_s``, its share of
-the time budget spent: a time-capped run ends its decay when its time ends, not at the step
-count its epochs would have taken."""
+the time budget spent: a time-capped run warms up over the first ``warmup_ratio`` of its time and
+ends its decay when its time ends, not at the step count its epochs would have taken. The time
+axis starts when the run's first step ends: that step's seconds are mostly compilation (about
+18 s of a 300-s budget on an H200), longer than the whole warmup."""
 
 from __future__ import annotations
 
@@ -33,11 +35,20 @@ class RunClock:
 
     max_time_s: float | None = None
     spent_s: float = 0.0
+    start_s: float | None = None  # training seconds when the run's first step ended: the schedule's time axis starts there
 
     @property
     def time_frac(self) -> float:
-        """The share of the time budget spent; 0 without one."""
+        """The share of the time budget spent (what ends the run); 0 without one."""
         return 0.0 if self.max_time_s is None else self.spent_s / self.max_time_s
+
+    @property
+    def schedule_frac(self) -> float:
+        """The share of the time budget after the first step that is spent (what the LR schedule reads);
+        the whole budget's share until that step has ended."""
+        if self.start_s is None or self.max_time_s is None or self.spent_s >= self.max_time_s:
+            return self.time_frac
+        return max(0.0, self.spent_s - self.start_s) / (self.max_time_s - self.start_s)
 
 
 def warmup_steps(cfg: ScheduleSettings, total_steps: int) -> int:
@@ -68,10 +79,11 @@ SCHEDULES: dict[str, Callable[[ScheduleSettings, float, float], float]] = {"cosi
 
 def lr_factor(cfg: ScheduleSettings, step: int, total_steps: int, time_frac: float = 0.0) -> float:
     """Multiplier of ``cfg.lr`` at optimizer step ``step`` (0-based) of ``total_steps``, with
-    ``time_frac`` of the run's time budget spent."""
+    ``time_frac`` of the run's time budget spent (``RunClock.schedule_frac``)."""
     warm = warmup_steps(cfg, total_steps)
-    if step < warm:
-        return (step + 1) / warm
+    warmed = max((step + 1) / warm, time_frac / cfg.warmup_ratio) if warm else 1.0  # by steps or by time, the further
+    if warmed < 1.0:
+        return warmed
     done = min(1.0, max(step / max(1, total_steps), time_frac))  # the run's progress
     return SCHEDULES[cfg.name](cfg, done, warm / max(1, total_steps))
 

@@ -92,6 +92,19 @@ def test_the_time_budget_counts_over_a_resume_and_drives_the_decay(build, tmp_pa
     assert lr[3] == pytest.approx(resumed.cfg.schedule.lr * 0.1)  # by steps alone (3 of 50) it would be 0.94 x lr
 
 
+def test_a_resume_keeps_the_schedule_clocks_start(build, tmp_path):
+    """The LR schedule's time axis starts at the end of the run's first step; a resume goes on from that start
+    instead of its own first step, so the LR does not step back."""
+    capped = ["trainer.max_time_s=100000", "schedule=wsd"]
+    first = build(tiny_config("trainer.max_steps=2", *capped), tmp_path)
+    first.fit()
+    position = ckpt.read_meta(tmp_path / "checkpoints" / "step_2")["position"]
+    assert 0 < position["schedule_start_s"] < position["train_s"]
+    assert position["schedule_start_s"] == first.built.clock.start_s
+    resumed = build(tiny_config("trainer.max_steps=3", "trainer.resume=auto", "trainer.resume_allow=[schedule]", *capped), tmp_path)
+    assert resumed.built.clock.start_s == position["schedule_start_s"]
+
+
 def test_resume_refuses_a_different_run_and_allows_a_deliberate_change(build, tmp_path):
     build(tiny_config("trainer.max_steps=2"), tmp_path).fit()
     # a draft vocab of another size (a recipe left off on resume) is refused before any tensor is built
