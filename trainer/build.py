@@ -198,7 +198,7 @@ def deepspeed_model(
         draft.load_state_dict(init.draft.state_dict())
     else:
         draft.init_from_target(head.embed_weight.float().cpu(), head.lm_head_weight.float().cpu(), vocab.draft_to_target)
-    objective = TTTObjective(draft, cfg.draft.ttt_steps, cfg.draft.step_decay, cfg.draft.norm_output, cfg.draft.align_topk)
+    objective = TTTObjective(draft, cfg.draft.ttt_steps, cfg.draft.step_decay, cfg.draft.norm_output)
     params = [p for p in objective.parameters() if p.requires_grad]
     s = cfg.schedule
     opt = draft_optimizer(params, s, device)

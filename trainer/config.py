@@ -43,7 +43,6 @@ class DraftConfig:
     vocab_size: int = 32000  # at most the target vocab (a larger one is refused)
     ttt_steps: int = 7  # draft positions unrolled per training step (test-time training)
     step_decay: float = 0.8  # the loss weight of TTT position k is step_decay^k
-    align_topk: Optional[int] = None  # token-aligned loss (GRIFFIN, trainer/ttt.py): rows whose chain held the target's token in top N
     norm_output: bool = False  # false: SGLang feeds the draft its pre-norm output back at draft steps > 0
     intermediate_size: Optional[int] = None  # the draft MLP's width; None: the target's
     compile_pointwise: Optional[bool] = None  # RMSNorm, SiLU x up, RoPE through torch.compile; None: on a CUDA trainer
@@ -54,8 +53,6 @@ class DraftConfig:
         _require(self.intermediate_size is None or self.intermediate_size > 0, "draft.intermediate_size", "must be positive or null")
         _require(self.ttt_steps >= 1, "draft.ttt_steps", "must be >= 1")
         _require(0 < self.step_decay <= 1, "draft.step_decay", "must be in (0, 1]")
-        aligned_ok = self.align_topk is None or 1 <= self.align_topk <= self.vocab_size
-        _require(aligned_ok, "draft.align_topk", "must be null or in [1, draft.vocab_size]")
 
 
 @dataclass

@@ -95,9 +95,7 @@ def _recipe(cfg: Config, built: Built, steps: int) -> list[str]:
         + (f", trainer.max_time_s {cfg.trainer.max_time_s:g}" if cfg.trainer.max_time_s else "")
         + ")",
         f"- schedule {s.name}, lr {s.lr:g}, warmup ratio {s.warmup_ratio:g}, weight decay {s.weight_decay:g}, betas {list(s.betas)}",
-        f"- TTT {d.ttt_steps} steps, step weights {d.step_decay:g}^k"
-        + (f", token-aligned loss (top {d.align_topk})" if d.align_topk else "")
-        + f"; {built.identity.world} rank(s) x grad_accum "
+        f"- TTT {d.ttt_steps} steps, step weights {d.step_decay:g}^k; {built.identity.world} rank(s) x grad_accum "
         f"{cfg.deepspeed.grad_accum}, ZeRO {cfg.deepspeed.zero_stage}, seed {cfg.trainer.seed}",
     ]
 

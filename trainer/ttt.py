@@ -7,12 +7,6 @@ Index conventions, for a row of valid length L (tokens x_0 .. x_{L-1}):
   The row counts when p + 1 < L, x_{p+1} is under the loss mask, and the target's argmax
   at p is in the draft vocab.
 
-Token-aligned training (``align_topk`` N, after GRIFFIN): a draft chain breaks at its first wrong
-token, so at inference step k of row t is only reached when its steps 0..k-1 drafted the target's
-tokens. With N set, row t's loss at step k counts only while, at every earlier step where it was
-counted, the target's token was among the draft's top N; the metrics (``loss_sum``, ``correct``,
-``valid``) still count every valid row, so runs with and without it compare.
-
 Packed rows (``doc_ids`` [B, T]): positions count from each document's start, attention stays
 inside the document, and row t counts only when x_{p+1} is in t's document, so no label
 crosses a document end (the rows whose shifted input is the next document's first token
@@ -95,31 +89,20 @@ def ttt_unroll(
     decay: float,
     norm_output: bool,
     doc_ids: Tensor | None = None,  # [B, T] packed rows: document of each token, -1 on padding
-    align_topk: int | None = None,  # token-aligned loss (the module docstring); None: every valid row
 ) -> TTTOutput:
     positions = token_positions(input_ids, doc_ids)  # [B, T]
     hidden = draft.project(aux)
     cache: list = []
     loss = hidden.new_zeros((), dtype=torch.float32)
     loss_sum, correct, valid = [], [], []
-    aligned = None if align_topk is None else torch.ones_like(loss_mask)  # [B, T] bool: no counted earlier step missed
     for k in range(steps):
         out, logits = draft.step(shift_left(input_ids, 1 + k), hidden, positions + k, cache, doc_ids)
         mask = step_valid(loss_mask, lengths, labels.in_draft, k, doc_ids)  # [B, T]
         ce = soft_cross_entropy(logits, labels.probs, 1 + k)  # [B, T]
         n = mask.sum()
         step_loss = (ce * mask).sum()
-        if aligned is None:
-            trained, count = step_loss, n
-        else:
-            counted = mask & aligned
-            trained, count = (ce * counted).sum(), counted.sum()
-        loss = loss + decay**k * trained / count.clamp(min=1)
-        target_next = shift_left(labels.argmax, 1 + k)  # [B, T] target ids
-        hit = draft_to_target[logits.argmax(-1)] == target_next
-        if aligned is not None:
-            in_top = (draft_to_target[logits.detach().topk(align_topk, dim=-1).indices] == target_next[..., None]).any(-1)
-            aligned = aligned & (in_top | ~mask)
+        loss = loss + decay**k * step_loss / n.clamp(min=1)
+        hit = draft_to_target[logits.argmax(-1)] == shift_left(labels.argmax, 1 + k)
         loss_sum.append(step_loss.detach())
         correct.append((hit & mask).sum())
         valid.append(n)
@@ -151,10 +134,10 @@ class TargetLabeler:
 class TTTObjective(nn.Module):
     """The module DeepSpeed wraps: the draft plus its TTT settings; forward = ``ttt_unroll``."""
 
-    def __init__(self, draft: Eagle3Draft, steps: int, decay: float, norm_output: bool, align_topk: int | None = None):
+    def __init__(self, draft: Eagle3Draft, steps: int, decay: float, norm_output: bool):
         super().__init__()
         self.draft = draft
-        self.steps, self.decay, self.norm_output, self.align_topk = steps, decay, norm_output, align_topk
+        self.steps, self.decay, self.norm_output = steps, decay, norm_output
 
     def forward(self, batch: TTTInput) -> TTTOutput:
         t, fb = batch.features.tokens, batch.features
@@ -170,7 +153,6 @@ class TTTObjective(nn.Module):
             self.decay,
             self.norm_output,
             t.doc_ids,
-            self.align_topk,
         )
 
 

@@ -72,8 +72,6 @@ def test_wrong_type_is_refused():
         ("schedule.decay_ratio=0", "schedule.decay_ratio"),
         ("draft.ttt_steps=0", "draft.ttt_steps"),
         ("draft.intermediate_size=0", "draft.intermediate_size"),
-        ("draft.align_topk=0", "draft.align_topk"),
-        ("draft.align_topk=40000", "draft.align_topk"),
         ("data.mix={web:1.0}", "data.mix"),
     ],
 )
