@@ -647,6 +647,11 @@ class OutOfMemoryTarget:
             "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: mem_fraction_static=0.3",
             "raise engine.sglang.mem_fraction_static",
         ),
+        (  # SGLang 0.5.14 on the H200 while a second engine loaded on the same GPU
+            "ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0.15. Raise "
+            "--mem-fraction-static above 0.153 (minimum viable = 1 - available/pre = 0.1528).",
+            "start two runs on one GPU one after the other",
+        ),
         ("ImportError: Can not import FA3 in sgl_kernel. Please check your installation.", "engine.sglang.attention_backend=triton"),
         ("RuntimeError: Ninja build failed. Ninja output:\nnvcc fatal : Unsupported gpu architecture 'compute_90a'", "~/.cache/tvm-ffi"),
         ("RuntimeError: ninja exited with status 1\nstderr:\n/bin/sh: 1: nvcc: not found", "CUDA_HOME"),

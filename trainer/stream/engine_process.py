@@ -83,7 +83,8 @@ FAILURE_CAUSES: tuple[tuple[tuple[str, ...], str], ...] = (
     (
         ("Not enough memory. Please try to increase --mem-fraction-static", "Loaded weights leave no GPU memory for the KV cache"),
         "SGLang's weights leave no room for its KV pool: raise engine.sglang.mem_fraction_static (its share of the free GPU "
-        "memory for weights + KV pool), or give the target more GPUs (engine.sglang.tp_size)",
+        "memory for weights + KV pool), or give the target more GPUs (engine.sglang.tp_size); SGLang counts any memory "
+        "another process took on the GPU while the weights loaded as theirs, so start two runs on one GPU one after the other",
     ),
     (
         ("torch.OutOfMemoryError", "CUDA out of memory", "CUDA error: out of memory"),
