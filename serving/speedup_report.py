@@ -41,6 +41,9 @@ from serving.eval import ratio_se
 PLAIN = "plain"  # the target alone: the baseline every setting is compared with
 SERVING_FILE = "serving.json"  # the measured best settings, written into the export dir
 TOP_LOGPROBS = 5  # tokens per position of the target alone's top-logprob pass
+# log-probability gaps come back through fp32 arithmetic: one bf16 gap can read 0.25 in one place and
+# 0.2500000000000001 in another (seen on the H200), so a near tie is held to the noise floor with this slack
+TIE_SLACK = 1e-6
 
 
 def setting_name(setting: Sequence[int]) -> str:
@@ -115,6 +118,11 @@ def margin_at(top: dict | None, plain_ids: Sequence[int], other_ids: Sequence[in
     if theirs in logprob:
         return {"margin": logprob[mine] - logprob[theirs], "beyond_top": False}
     return {"margin": logprob[mine] - min(logprob.values()), "beyond_top": True}
+
+
+def near_tie(margin: float | None, floor: float | None) -> bool:
+    """A divergence's margin within the target alone's noise floor, either way (False where either is unknown)."""
+    return margin is not None and floor is not None and abs(margin) <= floor + TIE_SLACK
 
 
 def partings(plain: list[dict], other: list[dict], tops: list[dict]) -> list[tuple[int, int, dict]]:
@@ -198,7 +206,7 @@ def analyse(runs: dict[str, dict]) -> list[dict]:
                 else:
                     floor, margins = floors[set_name], [d["margin"] for d in level["divergences"] if not d["beyond_top"]]
                     row["identical"] = len(level["requests"]) - len(level["divergences"])
-                    row["near_ties"] = sum(m is not None and floor is not None and abs(m) <= floor for m in margins)
+                    row["near_ties"] = sum(near_tie(m, floor) for m in margins)
                 rows.append(row)
     return rows
 

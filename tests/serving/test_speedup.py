@@ -23,6 +23,7 @@ from serving.speedup_report import (
     best_by_concurrency,
     cost_model,
     first_difference,
+    near_tie,
     nearest_rank,
     serving_choice,
 )
@@ -150,6 +151,13 @@ def test_speedup_identity_and_divergences_come_from_the_records(tmp_path):
     assert d["prompt"] == 1 and d["at_token"] == 5 and d["plain"] != d["draft"]
     assert "output_ids" not in data["runs"]["6/1/7"]["sets"]["chat"]["4"]["requests"][0]  # kept for the target alone only
     assert "output_ids" in data["runs"][PLAIN]["sets"]["chat"]["4"]["requests"][0]
+
+
+def test_a_near_tie_is_held_to_the_noise_floor_with_fp32_slack():
+    """On the H200 one bf16 gap came back as 0.25 in the noise floor and 0.2500000000000001 at a divergence."""
+    assert near_tie(0.2500000000000001, 0.25) and near_tie(-0.25, 0.25) and near_tie(0.0, 0.0)
+    assert not near_tie(0.5000000000000001, 0.25) and not near_tie(0.3125, 0.25)
+    assert not near_tie(None, 0.25) and not near_tie(0.0, None)
 
 
 def test_divergences_carry_the_targets_margin_and_near_ties_are_counted(tmp_path):
