@@ -34,7 +34,9 @@ rm -rf .payload_gguf1 .payload_gguf2 .payload_gguf3 && mkdir -p .payload_gguf1 .
 split -n 3 -d "$gguf" .payload_gguf1/part  # part00 part01 part02: setup-gguf joins them in name order
 mv .payload_gguf1/part01 .payload_gguf2/ && mv .payload_gguf1/part02 .payload_gguf3/
 
-[ -f outputs/corpora/train_prompts.jsonl.gz ] || { $PY -m trainer.corpora fetch && $PY -m trainer.corpora prepare --out outputs/corpora; }
+# prepared again when it predates a source (its held-out file is missing); earlier sources' prompts and files stay the same
+[ -f outputs/corpora/train_prompts.jsonl.gz ] && [ -f outputs/corpora/heldout_chitchat.jsonl ] ||
+  { $PY -m trainer.corpora fetch && $PY -m trainer.corpora prepare --out outputs/corpora; }
 rm -rf .payload_corpora && mkdir -p .payload_corpora
-cp outputs/corpora/{train_prompts.jsonl.gz,heldout_sharegpt.jsonl,heldout_evals.jsonl,heldout_codeio.jsonl,manifest.json} .payload_corpora/
+cp outputs/corpora/{train_prompts.jsonl.gz,heldout_sharegpt.jsonl,heldout_evals.jsonl,heldout_codeio.jsonl,heldout_chitchat.jsonl,manifest.json} .payload_corpora/
 du -sh .sglwhl .payload_sgl2 .whl .payload_gguf? .payload_corpora
