@@ -170,10 +170,11 @@ def run_step(step: Step) -> int:
 
 
 def heldout_overrides(corpora: Path) -> list[str]:
-    """The held-out files of ``trainer.corpora prepare``: ShareGPT for the serving eval, code and evals for the loss side."""
+    """The held-out files of ``trainer.corpora prepare``: ShareGPT for the serving eval, the others leak-checked."""
+    leak_checked = ",".join(str(corpora / f"heldout_{name}.jsonl") for name in ("codeio", "evals", "chitchat"))
     return [
         f"trainer.eval_prompts_file={corpora / 'heldout_sharegpt.jsonl'}",
-        f"data.heldout_prompt_files=[{corpora / 'heldout_codeio.jsonl'},{corpora / 'heldout_evals.jsonl'}]",
+        f"data.heldout_prompt_files=[{leak_checked}]",
     ]
 
 

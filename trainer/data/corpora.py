@@ -202,18 +202,22 @@ class _Errors:
 # --------------------------------------------------------------------------- ShareGPT
 
 
+class _Lines:
+    """The line of a position in ``text``, for positions asked in increasing order."""
+
+    def __init__(self, text: str):
+        self.text, self.line, self.counted = text, 1, 0
+
+    def __call__(self, pos: int) -> int:
+        self.line, self.counted = self.line + self.text.count("\n", self.counted, pos), pos
+        return self.line
+
+
 def json_array_elements(text: str, where: str) -> Iterator[tuple[int, object | None]]:
     """(line, element) of a top-level JSON array that may be cut off: the cut-off last element
     comes back as ``(line, None)`` and ends the iteration. A syntax error elsewhere raises
     ``ValueError`` naming ``where:line:column`` (an array cannot be read past it)."""
-    decoder, space = json.JSONDecoder(), re.compile(r"[ \t\r\n]*")
-    line, counted = 1, 0
-
-    def line_at(pos: int) -> int:
-        nonlocal line, counted
-        line, counted = line + text.count("\n", counted, pos), pos
-        return line
-
+    decoder, space, line_at = json.JSONDecoder(), re.compile(r"[ \t\r\n]*"), _Lines(text)
     pos = space.match(text).end()
     if not text.startswith("[", pos):
         raise ValueError(f"{where}: not a JSON array")
@@ -484,17 +488,6 @@ def codeio_prompts(wheel: zipfile.ZipFile, counts: CorpusCounts, on_error: str =
 
 
 # --------------------------------------------------------------------------- chitchat
-
-
-class _Lines:
-    """The line of a position in ``text``, for positions asked in increasing order."""
-
-    def __init__(self, text: str):
-        self.text, self.line, self.counted = text, 1, 0
-
-    def __call__(self, pos: int) -> int:
-        self.line, self.counted = self.line + self.text.count("\n", self.counted, pos), pos
-        return self.line
 
 
 def json_object_items(text: str, where: str) -> Iterator[tuple[int, str, object]]:
