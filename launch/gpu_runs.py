@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import IO
 
 from serving.usage import PlainHelp
+from trainer.corpora import leak_checked_files
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -171,7 +172,7 @@ def run_step(step: Step) -> int:
 
 def heldout_overrides(corpora: Path) -> list[str]:
     """The held-out files of ``trainer.corpora prepare``: ShareGPT for the serving eval, the others leak-checked."""
-    leak_checked = ",".join(str(corpora / f"heldout_{name}.jsonl") for name in ("codeio", "evals", "chitchat"))
+    leak_checked = ",".join(map(str, leak_checked_files(corpora)))
     return [
         f"trainer.eval_prompts_file={corpora / 'heldout_sharegpt.jsonl'}",
         f"data.heldout_prompt_files=[{leak_checked}]",

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from models import hub
 from serving.usage import PlainHelp
+from trainer.corpora import leak_checked_files
 from trainer.datagen.gen_backend import GenerationSettings, GeneratorSettings, default_batch_size
 from trainer.datagen.replicas import open_generator
 from trainer.regenerate import generation_meta, prompt_conversations, regenerate, unanswered
@@ -134,7 +135,7 @@ def train_overrides(args: argparse.Namespace, answered: Path, sampled: Path) -> 
         f"data.sources.openai.path={answered}",
         f"data.sources.sampled.path={sampled}",
         f"trainer.eval_prompts_file={c / 'heldout_sharegpt.jsonl'}",
-        f"data.heldout_prompt_files=[{c / 'heldout_codeio.jsonl'},{c / 'heldout_evals.jsonl'},{c / 'heldout_chitchat.jsonl'}]",
+        f"data.heldout_prompt_files=[{','.join(map(str, leak_checked_files(c)))}]",
         f"trainer.speedup.prompts_files=[{c / 'heldout_sharegpt.jsonl'},{c / 'heldout_codeio.jsonl'}]",
         *([] if args.train_s is None else [f"trainer.max_time_s={args.train_s}"]),
         f"trainer.serve_eval={str(args.serve_eval).lower()}",

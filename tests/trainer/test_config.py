@@ -12,6 +12,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from trainer.checkpoint import CHANGEABLE
 from trainer.config import Config, ScheduleConfig, register_schema, to_config
+from trainer.corpora import leak_checked_files
 from trainer.data import DATA_FORMATS, ON_ERROR, OVERLONG
 from trainer.schedule import SCHEDULES, RunClock, draft_optimizer, lr_factor, warmup_steps
 from trainer.stream.feature_stream import MODES
@@ -41,6 +42,12 @@ def test_every_recipe_composes(name):
 def test_grok_100ep_is_constant_lr_for_100_epochs():
     cfg = _compose("+experiment=grok_100ep")
     assert cfg.schedule.name == "constant" and cfg.trainer.epochs == 100 and cfg.schedule.weight_decay > 0
+
+
+def test_h200_quality_leak_checks_every_held_out_file_prepare_writes():
+    cfg = _compose("+experiment=h200_quality")
+    assert cfg.data.heldout_prompt_files == [str(f) for f in leak_checked_files(Path("outputs/corpora"))]
+    assert cfg.trainer.eval_prompts_file == "outputs/corpora/heldout_sharegpt.jsonl"
 
 
 def test_h200_quality_trains_on_greedy_and_sampled_answers_and_data_openai_keeps_the_greedy():
