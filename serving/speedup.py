@@ -13,8 +13,10 @@ are timed apart from decoding.
 The fastest setting per concurrency, by measured speedup, goes into ``EXPORT_DIR/serving.json``,
 which ``serving.launch`` reads to print the server command. Results are written to ``--json``
 after each setting; run again with the same arguments and the settings already measured are not
-run again (a setting that failed is retried). Each file's first turns are decoded (``prompt`` /
-``messages`` records; follow-ups are not asked). Needs a CUDA GPU and SGLang.
+run again (a setting that failed is retried). ``--plain-from`` takes the target alone's run from
+another export's results file of the same target, prompts and engine, so that several drafts are
+measured against one baseline. Each file's first turns are decoded (``prompt`` / ``messages``
+records; follow-ups are not asked). Needs a CUDA GPU and SGLang.
 
     python -m serving.speedup RUN/export/sglang --prompts heldout_sharegpt.jsonl heldout_codeio.jsonl
     python -m serving.speedup RUN/export/sglang --prompts p.jsonl --settings 6/1/7 5/4/8 --concurrency 1 16
@@ -59,6 +61,7 @@ DEFAULT_SETTINGS = ("6/1/7", "3/1/4", "5/4/8", "6/8/32", "6/4/16", "8/8/64", "5/
 DEFAULT_CONCURRENCY = (1, 4, 16, 64)
 CHAIN_ONLY_BACKENDS = ("trtllm_mha",)  # SGLang 0.5.14 refuses topk > 1 on these
 PAGED_TREE_BACKENDS = ("flashinfer", "fa3", "triton")  # topk > 1 with page_size > 1 runs on these only
+EXPORT_CONDITIONS = ("export", "export_weights")  # the conditions the target alone's run does not depend on
 
 
 class SettingFailed(RuntimeError):
@@ -192,9 +195,31 @@ def load_results(path: Path, conditions: dict) -> dict:
     return data
 
 
-def run_grid(bench: Bench, names: list[str], results_path: Path, decode, runner=run_engine) -> dict:
-    """The target alone, then each setting not measured yet; the results file is rewritten after each."""
+def plain_from(path: Path, conditions: dict) -> dict:
+    """The target alone's run in another results file, measured under ``conditions`` but for the export
+    (the target alone does not read it); ValueError naming the file and the conditions that differ."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"--plain-from {path}: not a results file of serving.speedup ({e})") from None
+    theirs = data.get("conditions", {}) if isinstance(data, dict) else {}
+    changed = sorted(k for k in conditions if k not in EXPORT_CONDITIONS and theirs.get(k) != conditions[k])
+    if changed:
+        raise ValueError(f"--plain-from {path} was measured under other conditions ({', '.join(changed)} differ)")
+    if PLAIN not in data.get("runs", {}):
+        raise ValueError(f"--plain-from {path}: holds no run of the target alone")
+    return data["runs"][PLAIN]
+
+
+def run_grid(bench: Bench, names: list[str], results_path: Path, decode, runner=run_engine, plain: Path | None = None) -> dict:
+    """The target alone (or its run in ``plain``, another results file), then each setting not measured
+    yet; the results file is rewritten after each."""
     data = load_results(results_path, bench.conditions())
+    if plain is not None and PLAIN not in data["runs"]:
+        data["runs"][PLAIN] = plain_from(plain, data["conditions"])
+        data["plain_from"] = str(plain)
+        write_json(results_path, data)
+        print(f"{PLAIN}: taken from {plain}, not run again", flush=True)
     for name in [PLAIN, *names]:
         if name in data["runs"]:
             print(f"{name}: measured earlier ({results_path}), not run again", flush=True)
@@ -333,6 +358,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds an engine may take, start and decoding")
     p.add_argument("--json", type=Path, default=None, help="results file (default: EXPORT_DIR/../speedup.json); resumed")
+    p.add_argument(
+        "--plain-from",
+        type=Path,
+        default=None,
+        help="another export's results file of the same target, prompts and engine: its target-alone run is used, not run again",
+    )
     return p
 
 
@@ -342,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         bench, names, decode = build_bench(args)
         results = args.json or args.export_dir.parent / "speedup.json"
-        data = run_grid(bench, names, results, decode)
+        data = run_grid(bench, names, results, decode, plain=args.plain_from)
     except (ValueError, SettingFailed) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -392,3 +392,19 @@ def test_the_engine_settings_every_engine_shares():
     assert settings["enable_fp32_lm_head"] and not settings["enable_deterministic_inference"]
     assert settings["attention_backend"] == "triton" and settings["disable_prefill_cuda_graph"]
     assert not speedup.engine_settings(speedup._parser().parse_args(["/e", "--prompts", "p.jsonl"]))["enable_fp32_lm_head"]
+
+
+def test_a_second_export_takes_the_target_alone_from_the_first_ones_results(tmp_path):
+    first, calls = _bench(tmp_path / "a"), []
+    run_grid(first, ["6/1/7"], tmp_path / "a.json", _decode, stand_in(calls))
+    second = Bench(**(vars(_bench(tmp_path / "b")) | {"target": first.target}))
+    data = run_grid(second, ["6/1/7"], tmp_path / "b.json", _decode, stand_in(calls), plain=tmp_path / "a.json")
+    assert calls == [PLAIN, "6/1/7", "6/1/7"]  # the target alone ran once, for the first export
+    assert data["runs"][PLAIN] == json.loads((tmp_path / "a.json").read_text())["runs"][PLAIN]
+    assert data["plain_from"] == str(tmp_path / "a.json") and analyse(data["runs"])  # speedups against the taken run
+    other = Bench(**(vars(second) | {"max_new_tokens": 64}))
+    with pytest.raises(ValueError, match="a.json was measured under other conditions \\(max_new_tokens differ\\)"):
+        run_grid(other, ["6/1/7"], tmp_path / "c.json", _decode, stand_in(calls), plain=tmp_path / "a.json")
+    (tmp_path / "d.json").write_text("{not json")
+    with pytest.raises(ValueError, match="--plain-from .*d.json: not a results file"):
+        run_grid(second, ["6/1/7"], tmp_path / "e.json", _decode, stand_in(calls), plain=tmp_path / "d.json")
