@@ -20,6 +20,9 @@
 #                                                   # the speedup, each phase timed; --recipe NAME: its results dir
 #                                                   # (/tmp/res/NAME, default recipe)
 #   launch/device_run.sh baseline CORPORA_DIR       # the embedded default recipe, tau on the same held-out files
+#   launch/device_run.sh sweep CORPORA_DIR --answered A --sampled S --variant NAME [OVERRIDE...] ...
+#                                                   # draft variants of the recipe on carried answers, one after the
+#                                                   # other, then their speedups against one target-alone run
 #   launch/device_run.sh study CORPORA_DIR          # data size x LR regime on --recipe NAME's answers (waits for them);
 #                                                   # --steps, --parallel (on each device), --devices, --threads
 #   launch/device_run.sh genbench                   # generation speeds (transformers, SGLang; 1-4 replicas; --variants)

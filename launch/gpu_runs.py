@@ -7,6 +7,12 @@ the recipe run whose results are ``RES/NAME`` (default ``recipe``): ``recipe`` w
 and ``dp`` train on its greedy answers, ``RES/NAME/answered.jsonl``.
 
 - ``recipe CORPORA [ARGS]``: ``launch/recipe.py --corpora CORPORA --out RES/NAME ARGS`` (ARGS are its own).
+- ``sweep CORPORA --answered A --sampled S --variant NAME [OVERRIDE...] ...``: the recipe's training
+  (``h200_quality`` on the carried answers A and S, capped at ``--steps``, its own speedup phase off) once per
+  variant, one after the other (``RES/NAME``), then ``serving.speedup`` on each export with ``--settings`` at
+  ``--concurrency`` on the held-out ShareGPT and code files: the target alone is measured with the first export
+  measured and taken from its results for the others, so the drafts share one baseline (``--plain-from FILE``:
+  taken from that results file for all of them).
 - ``baseline CORPORA``: the embedded default recipe (``python -m trainer``), then τ in SGLang on the three
   held-out files of CORPORA (``RES/baseline``).
 - ``study CORPORA``: waits for the recipe's greedy answers (``answered.done``), shuffles them (seed 0: every
@@ -189,6 +195,24 @@ def recipe_answers(res: Path, recipe: str) -> Path:
 
 def recipe_step(res: Path, recipe: str, corpora: Path, args: Sequence[str]) -> Step:
     return Step("recipe", (PYTHON, "launch/recipe.py", "--corpora", str(corpora), "--out", str(res / recipe), *args))
+
+
+def sweep_training_step(res: Path, corpora: Path, a: argparse.Namespace, name: str, overrides: Sequence[str]) -> Step:
+    """One variant's training: the recipe's training phase on the carried answers, capped at ``a.steps``."""
+    cap = (f"trainer.max_steps={a.steps}", "trainer.max_time_s=null", "trainer.speedup.enabled=false")
+    answers = ("--answered", str(a.answered), "--sampled", str(a.sampled), "--phases", "training")
+    return Step(
+        f"sweep: {name} training",
+        (PYTHON, "launch/recipe.py", "--corpora", str(corpora), "--out", str(res / name), *answers) + ("--trainer-args", *cap, *overrides),
+    )
+
+
+def sweep_speedup_step(res: Path, corpora: Path, a: argparse.Namespace, name: str, plain: Path | None) -> Step:
+    """One variant's export in ``serving.speedup``; ``plain``: the results file whose target-alone run it takes."""
+    prompts = (str(corpora / "heldout_sharegpt.jsonl"), str(corpora / "heldout_codeio.jsonl"))
+    argv = (PYTHON, "-m", "serving.speedup", str(res / name / "run" / "export" / "sglang"), "--prompts", *prompts)
+    argv += ("--settings", *a.settings, "--concurrency", *map(str, a.concurrency), "--json", str(res / name / "speedup.json"))
+    return Step(f"sweep: {name} speedup", argv + (("--plain-from", str(plain)) if plain else ()), res / name / "speedup.log", show=40)
 
 
 def baseline_steps(res: Path, corpora: Path) -> list[Step]:
@@ -437,6 +461,24 @@ def study(a: argparse.Namespace, steps: Steps) -> None:
     steps.run(study_step(a.res, a.corpora, records, a.steps, a.parallel, a.devices, a.threads))
 
 
+def sweep(a: argparse.Namespace, steps: Steps) -> None:
+    """Draft variants of the recipe, trained one after the other, then their speedups against one baseline."""
+    names = [v[0] for v in a.variant]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"sweep: --variant names must differ, got {', '.join(names)}")
+    for name, *overrides in a.variant:
+        steps.run(sweep_training_step(a.res, a.corpora, a, name, overrides))
+    plain = a.plain_from
+    for name in names:
+        if not (a.res / name / "run" / "export" / "sglang").is_dir():
+            print(f"sweep: {name} has no export (its training failed), no speedup", file=sys.stderr, flush=True)
+            continue
+        failed = len(steps.failed)
+        steps.run(sweep_speedup_step(a.res, a.corpora, a, name, plain))
+        if plain is None and len(steps.failed) == failed:
+            plain = a.res / name / "speedup.json"
+
+
 def genbench(a: argparse.Namespace, steps: Steps) -> None:
     """Generation speeds (transformers, SGLang; 1-4 replicas)."""
     for step in genbench_steps(a.res, a.variants):
@@ -476,6 +518,7 @@ def dp(a: argparse.Namespace, steps: Steps) -> None:
 SEQUENCES: dict[str, Callable[[argparse.Namespace, Steps], None]] = {
     "recipe": recipe,
     "baseline": baseline,
+    "sweep": sweep,
     "study": study,
     "genbench": genbench,
     "perfbench": perfbench,
@@ -517,7 +560,7 @@ def _parser() -> argparse.ArgumentParser:
         name: sub.add_parser(name, help=run.__doc__, description=run.__doc__, parents=[common], allow_abbrev=False)
         for name, run in SEQUENCES.items()
     }
-    for name in ("recipe", "baseline", "study", "dp"):
+    for name in ("recipe", "baseline", "sweep", "study", "dp"):
         parsers[name].add_argument("corpora", type=absolute, help="trainer.corpora prepare's output dir")
     for name in ("recipe", "study", "dp"):
         parsers[name].add_argument("--recipe", default="recipe", help="the recipe run: its results are RES/NAME (default recipe)")
@@ -526,6 +569,21 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--parallel", type=int, default=4, help="points at once on each device (default 4)")
     s.add_argument("--devices", nargs="+", default=[], help="CUDA devices to spread the points over")
     s.add_argument("--threads", type=int, default=4, help="OMP_NUM_THREADS of the points (default 4)")
+    w = parsers["sweep"]
+    w.add_argument("--answered", type=absolute, required=True, help="gzipped greedy answers of an earlier recipe run")
+    w.add_argument("--sampled", type=absolute, required=True, help="gzipped sampled answers of an earlier recipe run")
+    w.add_argument(
+        "--variant",
+        nargs="+",
+        action="append",
+        required=True,
+        metavar=("NAME", "OVERRIDE"),
+        help="a results dir name and its Hydra overrides",
+    )
+    w.add_argument("--steps", type=int, default=2400, help="trainer.max_steps of each variant (default 2400: what the recipe's 300 s give)")
+    w.add_argument("--plain-from", type=absolute, default=None, help="a results file whose target-alone run every export takes")
+    w.add_argument("--settings", nargs="+", default=["8/8/64"], help="serving.speedup's settings (default 8/8/64)")
+    w.add_argument("--concurrency", type=int, nargs="+", default=[1, 16], help="serving.speedup's concurrency (default 1 16)")
     parsers["genbench"].add_argument("--variants", nargs="+", default=list(GEN_VARIANTS), help="launch/bench_generate.py's variants")
     parsers["gputests"].add_argument("-k", default=None, help="a pytest -k expression: a part of the marker")
     d = parsers["dp"]

@@ -333,7 +333,7 @@ def documented_subcommands() -> list[str]:
 
 def test_every_subcommand_device_run_documents_is_the_shells_or_the_programs():
     names = documented_subcommands()
-    assert len(names) == len(set(names)) == 14
+    assert len(names) == len(set(names)) == 15
     assert set(names) == set(SHELL) | set(gpu_runs.SEQUENCES)
     arms = re.findall(r"^([a-z0-9|*-]+)\)$", DEVICE_RUN.read_text(), flags=re.M)
     assert arms == [*SHELL, "*"]  # the rest goes to the program
@@ -388,3 +388,45 @@ def test_wait_returns_at_its_limit_with_a_collection_of_a_job_still_running(tmp_
 def test_the_program_runs_as_a_script():
     done = subprocess.run([sys.executable, "launch/gpu_runs.py", "dp", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0 and "sglang-one-ga1" in done.stdout
+
+
+def test_sweep_trains_each_variant_then_measures_them_against_one_target_alone(tmp_path, capsys):
+    class Trains(FakeRunner):  # a training writes its export, except the one asked to fail
+        def __call__(self, step: Step) -> int:
+            code = super().__call__(step)
+            if step.name.endswith("training") and code == 0:
+                (Path(step.argv[step.argv.index("--out") + 1]) / "run" / "export" / "sglang").mkdir(parents=True)
+            return code
+
+    run, r = Trains({"sweep: v8 training": 1}), tmp_path
+    argv = ["sweep", "/c", "--res", str(r), "--answered", "/a/answered.jsonl.gz", "--sampled", "/a/sampled.jsonl.gz", "--keep-going"]
+    argv += [
+        "--variant",
+        "v8",
+        "draft.vocab_size=8000",
+        "--variant",
+        "v16",
+        "draft.vocab_size=16000",
+        "--variant",
+        "w",
+        "draft.intermediate_size=1536",
+    ]
+    assert gpu_runs.main([*argv, "--steps", "100"], runner=run) == 1  # v8's training failed; the rest ran
+    cap = ("trainer.max_steps=100", "trainer.max_time_s=null", "trainer.speedup.enabled=false")
+    answers = ("--answered", "/a/answered.jsonl.gz", "--sampled", "/a/sampled.jsonl.gz", "--phases", "training")
+    train = [
+        (PYTHON, "launch/recipe.py", "--corpora", "/c", "--out", str(r / n), *answers, "--trainer-args", *cap, o)
+        for n, o in (("v8", "draft.vocab_size=8000"), ("v16", "draft.vocab_size=16000"), ("w", "draft.intermediate_size=1536"))
+    ]
+    prompts = ("--prompts", "/c/heldout_sharegpt.jsonl", "/c/heldout_codeio.jsonl", "--settings", "8/8/64", "--concurrency", "1", "16")
+    speed = [
+        (PYTHON, "-m", "serving.speedup", str(r / n / "run" / "export" / "sglang"), *prompts, "--json", str(r / n / "speedup.json"))
+        for n in ("v16", "w")
+    ]
+    assert run.argvs == [*train, speed[0], (*speed[1], "--plain-from", str(r / "v16" / "speedup.json"))]
+    assert "sweep: v8 has no export (its training failed), no speedup" in capsys.readouterr().err
+    again = Trains()
+    assert gpu_runs.main([*argv[:8], "--variant", "v32", "--plain-from", str(r / "w" / "speedup.json")], runner=again) == 0
+    assert again.argvs[-1][-2:] == ("--plain-from", str(r / "w" / "speedup.json"))
+    with pytest.raises(SystemExit, match="names must differ"):
+        gpu_runs.main([*argv[:8], "--variant", "a", "--variant", "a", "x=1"], runner=FakeRunner())
