@@ -211,7 +211,8 @@ def sweep_speedup_step(res: Path, corpora: Path, a: argparse.Namespace, name: st
     """One variant's export in ``serving.speedup``; ``plain``: the results file whose target-alone run it takes."""
     prompts = (str(corpora / "heldout_sharegpt.jsonl"), str(corpora / "heldout_codeio.jsonl"))
     argv = (PYTHON, "-m", "serving.speedup", str(res / name / "run" / "export" / "sglang"), "--prompts", *prompts)
-    argv += ("--settings", *a.settings, "--concurrency", *map(str, a.concurrency), "--json", str(res / name / "speedup.json"))
+    argv += ("--settings", *a.settings, "--concurrency", *map(str, a.concurrency), "--repeats", str(a.repeats))
+    argv += ("--json", str(res / name / "speedup.json"))
     return Step(f"sweep: {name} speedup", argv + (("--plain-from", str(plain)) if plain else ()), res / name / "speedup.log", show=40)
 
 
@@ -584,6 +585,7 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--plain-from", type=absolute, default=None, help="a results file whose target-alone run every export takes")
     w.add_argument("--settings", nargs="+", default=["8/8/64"], help="serving.speedup's settings (default 8/8/64)")
     w.add_argument("--concurrency", type=int, nargs="+", default=[1, 16], help="serving.speedup's concurrency (default 1 16)")
+    w.add_argument("--repeats", type=int, default=3, help="serving.speedup's repeats of each level (default 3)")
     parsers["genbench"].add_argument("--variants", nargs="+", default=list(GEN_VARIANTS), help="launch/bench_generate.py's variants")
     parsers["gputests"].add_argument("-k", default=None, help="a pytest -k expression: a part of the marker")
     d = parsers["dp"]

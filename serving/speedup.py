@@ -15,8 +15,10 @@ which ``serving.launch`` reads to print the server command. Results are written 
 after each setting; run again with the same arguments and the settings already measured are not
 run again (a setting that failed is retried). ``--plain-from`` takes the target alone's run from
 another export's results file of the same target, prompts and engine, so that several drafts are
-measured against one baseline. Each file's first turns are decoded (``prompt`` / ``messages``
-records; follow-ups are not asked). Needs a CUDA GPU and SGLang.
+measured against one baseline. ``--repeats N`` decodes each level N times in its engine and reports
+the repeat of median wall time: one engine's timings drift by more than a draft's cost. Each file's
+first turns are decoded (``prompt`` / ``messages`` records; follow-ups are not asked). Needs a CUDA
+GPU and SGLang.
 
     python -m serving.speedup RUN/export/sglang --prompts heldout_sharegpt.jsonl heldout_codeio.jsonl
     python -m serving.speedup RUN/export/sglang --prompts p.jsonl --settings 6/1/7 5/4/8 --concurrency 1 16
@@ -110,6 +112,7 @@ class Bench:
     max_new_tokens: int
     engine: dict  # sglang.Engine options beside the target and the draft
     timeout_s: float
+    repeats: int = 1  # times each level is decoded; its median-time repeat is reported
 
     def conditions(self) -> dict:
         """What the numbers depend on; a results file measured under other conditions is not resumed."""
@@ -126,6 +129,7 @@ class Bench:
             "levels": {name: {c: len(ids) for c, ids in levels.items()} for name, levels in self.sets.items()},
             "concurrency": self.concurrency,
             "max_new_tokens": self.max_new_tokens,
+            "repeats": self.repeats,
             "engine": self.engine,
             "top_logprobs": TOP_LOGPROBS,
         }
@@ -140,6 +144,7 @@ class Bench:
             "engine": self.engine,
             "concurrency": self.concurrency,
             "max_new_tokens": self.max_new_tokens,
+            "repeats": self.repeats,
             "stop_ids": self.stop_ids,
             "sets": self.sets,
             "top_logprobs": TOP_LOGPROBS if name == PLAIN else 0,
@@ -278,8 +283,8 @@ def build_bench(args: argparse.Namespace) -> tuple[Bench, list[str], object]:
 
     settings = [parse_setting(s) for s in args.settings]
     check_backend(settings, args.attention_backend, args.page_size)
-    if min(args.concurrency) < 1 or args.max_new_tokens < 1:
-        raise ValueError("--concurrency values and --max-new-tokens must be >= 1")
+    if min(args.concurrency) < 1 or args.max_new_tokens < 1 or args.repeats < 1:
+        raise ValueError("--concurrency values, --max-new-tokens and --repeats must be >= 1")
     if not (args.export_dir / "config.json").is_file():
         raise ValueError(f"{args.export_dir}: not an export dir (no config.json); python -m trainer writes RUN/export/sglang")
     check_draft_engine(args.export_dir, "sglang")
@@ -298,7 +303,8 @@ def build_bench(args: argparse.Namespace) -> tuple[Bench, list[str], object]:
         sizes = level_sizes(len(ids), sorted(args.concurrency), args.min_prompts, args.per_slot)
         sets[path.stem] = {c: ids[:n] for c, n in sizes.items()}
     stop = stop_ids_of(generation, tokenizer)
-    bench = Bench(args.export_dir, target, sets, stop, sorted(args.concurrency), args.max_new_tokens, engine_settings(args), args.timeout)
+    engine = engine_settings(args)
+    bench = Bench(args.export_dir, target, sets, stop, sorted(args.concurrency), args.max_new_tokens, engine, args.timeout, args.repeats)
     return bench, [setting_name(s) for s in settings], tokenizer.decode
 
 
@@ -340,6 +346,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--settings", nargs="+", default=list(DEFAULT_SETTINGS), help="STEPS/TOPK/DRAFT_TOKENS per engine, in run order")
     p.add_argument("--concurrency", type=int, nargs="+", default=list(DEFAULT_CONCURRENCY), help="requests in flight")
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument(
+        "--repeats", type=int, default=1, help="times each level is decoded in its engine; the repeat of median wall time is reported"
+    )
     p.add_argument("--min-prompts", type=int, default=64, help="prompts per level at least (the file's, if fewer)")
     p.add_argument("--per-slot", type=int, default=4, help="prompts per request in flight")
     p.add_argument("--attention-backend", default="triton")

@@ -83,6 +83,8 @@ def level_stats(level: dict) -> dict:
         "tpot_ms": 1e3 * statistics.median(per_token),
         "tpot_p90_ms": 1e3 * nearest_rank(per_token, 0.9),
     }
+    if "repeat_wall_s" in level:  # decoded more than once (--repeats): this is the median-time repeat
+        stats["repeat_wall_s"] = level["repeat_wall_s"]
     verified = [r for r in reqs if r["verify_ct"]]
     if verified:
         steps = sum(r["verify_ct"] for r in verified)

@@ -238,6 +238,7 @@ class SpeedupConfig:
     settings: list[str] = field(default_factory=lambda: list(DEFAULT_SETTINGS))  # STEPS/TOPK/DRAFT_TOKENS, in run order
     concurrency: list[int] = field(default_factory=lambda: list(DEFAULT_CONCURRENCY))  # requests in flight
     max_new_tokens: int = 128  # new tokens a request decodes (greedy) at most
+    repeats: int = 1  # times each level is decoded; its median-time repeat is reported
 
     def __post_init__(self) -> None:
         for s in self.settings:
@@ -247,6 +248,7 @@ class SpeedupConfig:
                 raise ValueError(f"config trainer.speedup.settings: {str(e).removeprefix('--settings ')}") from None
         _require(bool(self.concurrency) and min(self.concurrency) >= 1, "trainer.speedup.concurrency", "values must be >= 1")
         _require(self.max_new_tokens >= 1, "trainer.speedup.max_new_tokens", "must be >= 1")
+        _require(self.repeats >= 1, "trainer.speedup.repeats", "must be >= 1")
 
 
 @dataclass

@@ -53,6 +53,7 @@ def measure_speedup(cfg: Config, export_dir: Path, target_dir: Path, run_dir: Pa
     results = run_dir / RESULTS_FILE
     argv = [str(export_dir), "--prompts", *prompt_files(cfg), "--target", str(target_dir), "--json", str(results)]
     argv += ["--settings", *sc.settings, "--concurrency", *map(str, sc.concurrency), "--max-new-tokens", str(sc.max_new_tokens)]
+    argv += ["--repeats", str(sc.repeats)]
     code = speedup_main(argv)
     data = json.loads(results.read_text()) if results.is_file() else {}
     best, failed = data.get("best", {}), sorted(data.get("failed", {}))

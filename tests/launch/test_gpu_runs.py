@@ -419,6 +419,7 @@ def test_sweep_trains_each_variant_then_measures_them_against_one_target_alone(t
         for n, o in (("v8", "draft.vocab_size=8000"), ("v16", "draft.vocab_size=16000"), ("w", "draft.intermediate_size=1536"))
     ]
     prompts = ("--prompts", "/c/heldout_sharegpt.jsonl", "/c/heldout_codeio.jsonl", "--settings", "8/8/64", "--concurrency", "1", "16")
+    prompts += ("--repeats", "3")
     speed = [
         (PYTHON, "-m", "serving.speedup", str(r / n / "run" / "export" / "sglang"), *prompts, "--json", str(r / n / "speedup.json"))
         for n in ("v16", "w")

@@ -23,6 +23,7 @@ from serving.speedup_report import (
     best_by_concurrency,
     cost_model,
     first_difference,
+    level_stats,
     near_tie,
     nearest_rank,
     serving_choice,
@@ -296,10 +297,16 @@ def test_the_trainer_summary_shows_the_measured_speedup(tmp_path, monkeypatch):
         best = {"1": {"setting": "5/4/8", "speedup": 2.25, "num_steps": 5, "topk": 4, "num_draft_tokens": 8}}
         results.write_text(json.dumps({"best": best, "failed": {"8/8/64": "setting 8/8/64: ..."}}))
         assert argv[argv.index("--settings") + 1 : argv.index("--concurrency")] == ["6/1/7", "5/4/8"]
+        assert argv[argv.index("--repeats") + 1] == "2"
         return 1
 
     monkeypatch.setattr(speedup_phase, "speedup_main", measured)
-    cfg = tiny_config("trainer.speedup.enabled=true", "trainer.speedup.settings=[6/1/7,5/4/8]", "trainer.eval_prompts_file=p.jsonl")
+    cfg = tiny_config(
+        "trainer.speedup.enabled=true",
+        "trainer.speedup.settings=[6/1/7,5/4/8]",
+        "trainer.speedup.repeats=2",
+        "trainer.eval_prompts_file=p.jsonl",
+    )
     export = tmp_path / "export" / "sglang"
     export.mkdir(parents=True)
     (export / "README.md").write_text("# card\n")
@@ -408,3 +415,19 @@ def test_a_second_export_takes_the_target_alone_from_the_first_ones_results(tmp_
     (tmp_path / "d.json").write_text("{not json")
     with pytest.raises(ValueError, match="--plain-from .*d.json: not a results file"):
         run_grid(second, ["6/1/7"], tmp_path / "e.json", _decode, stand_in(calls), plain=tmp_path / "d.json")
+
+
+def test_a_level_decoded_several_times_reports_its_median_repeat_and_every_wall_time(tmp_path):
+    from serving.speedup_engine import median_repeat
+
+    runs = [{"wall_s": w, "requests": [{"latency_s": w, "tokens": 10, "verify_ct": None, "histogram": None}]} for w in (7.5, 4.9, 5.1)]
+    picked = median_repeat(runs)
+    assert picked["wall_s"] == 5.1 and picked["requests"][0]["latency_s"] == 5.1 and picked["repeat_wall_s"] == [7.5, 4.9, 5.1]
+    assert level_stats(picked)["tokens_per_s"] == 10 / 5.1 and level_stats(picked)["repeat_wall_s"] == [7.5, 4.9, 5.1]
+    assert median_repeat(runs[:2])["wall_s"] == 4.9  # the faster of two
+    bench, calls = _bench(tmp_path), []
+    run_grid(bench, ["6/1/7"], tmp_path / "s.json", _decode, stand_in(calls))
+    again = Bench(**(vars(bench) | {"repeats": 3}))
+    assert again.job("6/1/7")["repeats"] == 3
+    with pytest.raises(ValueError, match="other conditions \\(repeats differ\\)"):
+        run_grid(again, ["6/1/7"], tmp_path / "s.json", _decode, stand_in(calls))
