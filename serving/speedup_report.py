@@ -9,6 +9,7 @@ Definitions (one request = one prompt decoded greedily to ``max_new_tokens`` or 
 * ``tpot_ms`` (median, p90): a request's latency / its output tokens (its prefill included);
 * ``tau``: output tokens / verify steps over the level's requests (the bonus token counted);
 * ``cycle_ms``: the median request's latency / its verify steps (one draft-and-verify cycle);
+  ``cycle_p10_ms`` the 10th percentile's (at concurrency 1 a cycle drifts between a fast and a slow mode);
 * ``speedup``: ``tokens_per_s`` over the target alone's at the same prompts and concurrency;
 * ``identical``: outputs equal to the target alone's, token for token, at the same concurrency;
 * ``margin`` of a divergence: the target alone's log probability of its own token minus that of the
@@ -94,6 +95,7 @@ def level_stats(level: dict) -> dict:
             "tau_se": ratio_se([(r["tokens"], r["verify_ct"]) for r in verified]),
             "accept_rate": [sum(hist[i + 1 :]) / steps for i in range(len(hist) - 1)],
             "cycle_ms": 1e3 * statistics.median(r["latency_s"] / r["verify_ct"] for r in verified),
+            "cycle_p10_ms": 1e3 * nearest_rank([r["latency_s"] / r["verify_ct"] for r in verified], 0.1),
         }
     return stats
 

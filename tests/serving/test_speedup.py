@@ -431,3 +431,9 @@ def test_a_level_decoded_several_times_reports_its_median_repeat_and_every_wall_
     assert again.job("6/1/7")["repeats"] == 3
     with pytest.raises(ValueError, match="other conditions \\(repeats differ\\)"):
         run_grid(again, ["6/1/7"], tmp_path / "s.json", _decode, stand_in(calls))
+
+
+def test_a_levels_cycle_is_its_median_request_and_its_fast_mode_the_tenth_percentile():
+    reqs = [{"latency_s": ms / 1e3 * 10, "tokens": 30, "verify_ct": 10, "histogram": [0, 10]} for ms in range(1, 21)]
+    stats = level_stats({"wall_s": 2.0, "requests": reqs})  # cycles of 1, 2, ... 20 ms
+    assert stats["cycle_ms"] == pytest.approx(10.5) and stats["cycle_p10_ms"] == pytest.approx(2.0) and stats["tau"] == 3.0
