@@ -115,9 +115,11 @@ def save(
     keep_last: int,
     is_main: bool,
     wandb_id: str | None,
+    kept: bool = False,
 ) -> Path:
     """Every rank calls this. ``data_state`` is the data loader's position (``MixLoader.state_for``);
-    ``wandb_id`` the run's wandb id (rank 0; None before wandb starts), which a resume continues."""
+    ``wandb_id`` the run's wandb id (rank 0; None before wandb starts), which a resume continues; a ``kept``
+    checkpoint is never pruned (``trainer.checkpoint_at_s``)."""
     final = root / f"step_{pos.step}"
     tmp = root / f".tmp-step_{pos.step}"
     if is_main:
@@ -132,6 +134,7 @@ def save(
         if is_main:
             vocab.save(tmp / VOCAB_FILE)
             meta = {"position": asdict(pos), "data_state": data_state, "fingerprint": fingerprint, "wandb_id": wandb_id, "config": config}
+            meta["kept"] = kept
             (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
@@ -145,7 +148,9 @@ def save(
 
 
 def _prune(root: Path, keep_last: int) -> None:
-    done = sorted((p for p in root.iterdir() if is_complete(p)), key=lambda p: int(_NAME.match(p.name).group(1)))
+    """The complete checkpoints past the newest ``keep_last`` removed, the kept ones aside."""
+    done = [p for p in root.iterdir() if is_complete(p) and not read_meta(p).get("kept")]
+    done.sort(key=lambda p: int(_NAME.match(p.name).group(1)))
     for old in done[:-keep_last]:
         shutil.rmtree(old)
 

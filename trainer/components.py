@@ -4,13 +4,15 @@ order, at each optimizer-step boundary; one that acts only at some steps says wh
   Counters    where the run is (step, data position, training seconds and tokens)
   NonFinite   counts non-finite losses and gradients; stops the run unless trainer.on_nan=skip
   MetricsLog  the log window and its row (losses, accuracies, throughput, MFU) every trainer.log_every
-  Checkpointer  saves every trainer.checkpoint_every and on a stop signal (``trainer.phases.StopSignals``); resumes
+  Checkpointer  saves every trainer.checkpoint_every, at each trainer.checkpoint_at_s (kept) and on a stop signal
+              (``trainer.phases.StopSignals``); resumes
   Validator   export -> verify -> serving eval, every trainer.export_every and at the end
   TimeCap     ends the run after trainer.max_time_s of training (over every resume); the LR schedule reads its clock
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import time
@@ -34,6 +36,8 @@ from trainer.report import metrics as M
 from trainer.schedule import RunClock
 from trainer.target_setup import with_eval_target
 from trainer.ttt import TTTOutput, simulated_accept_length
+
+log = logging.getLogger(__name__)
 
 EVAL_PROMPTS_FILE = "eval_prompts.jsonl"  # the run dir's serving-eval prompts, a serving/prompts.py file
 
@@ -240,12 +244,14 @@ class MetricsLog:
 
 
 class Checkpointer:
-    """Saves every trainer.checkpoint_every steps, when a stop signal came (then stops the run) and after an
-    engine failure (``keep_trained``); resumes."""
+    """Saves every trainer.checkpoint_every steps, at each trainer.checkpoint_at_s mark of the run's clock (a
+    checkpoint never pruned), when a stop signal came (then stops the run) and after an engine failure
+    (``keep_trained``); resumes."""
 
     def __init__(self, cfg: Config, built: Built, par: Parallel, ckpt_root: Path, state: Counters, signals: StopSignals):
         self.cfg, self.built, self.par, self.root, self.state, self.signals = cfg, built, par, ckpt_root, state, signals
         self.saved_step = 0  # the step of the last checkpoint saved or resumed from
+        self.marks = sorted(cfg.trainer.checkpoint_at_s)  # the trainer.checkpoint_at_s marks not reached yet
         resumed = built.resume_from
         self.wandb_id: str | None = ckpt.read_meta(resumed)["wandb_id"] if resumed else None  # saved: a resume continues it
 
@@ -256,8 +262,9 @@ class Checkpointer:
         self.state.step, self.state.train_s = self.state.pos.step, self.state.pos.train_s
         self.built.clock.spent_s, self.built.clock.start_s = self.state.pos.train_s, self.state.pos.schedule_start_s
         self.saved_step = self.state.step
+        self.marks = [t for t in self.marks if t > self.built.clock.spent_s]
 
-    def save(self) -> Path:
+    def save(self, kept: bool = False) -> Path:
         b = self.built
         pos = replace(self.state.pos, schedule_start_s=b.clock.start_s)
         self.saved_step = pos.step
@@ -273,6 +280,7 @@ class Checkpointer:
             self.cfg.trainer.keep_last,
             self.par.is_main,
             self.wandb_id,
+            kept,
         )
 
     def keep_trained(self) -> None:
@@ -285,10 +293,19 @@ class Checkpointer:
         every = self.cfg.trainer.checkpoint_every
         return bool(every) and self.state.step % every == 0
 
+    def mark_reached(self) -> bool:
+        """The run's clock (every rank's, the slowest) has passed a trainer.checkpoint_at_s mark since the last one."""
+        reached = bool(self.marks) and self.built.clock.spent_s >= self.marks[0]
+        self.marks = [t for t in self.marks if t > self.built.clock.spent_s]
+        return reached
+
     def after_step(self, at: StepEnd) -> None:
         stop = not all_agree(self.signals.received is None, self.par.device)
-        if stop or self.should_save():
-            self.save()  # before the serving eval: a stop signal during it keeps this step
+        kept = self.mark_reached()
+        if stop or kept or self.should_save():
+            path = self.save(kept)  # before the serving eval: a stop signal during it keeps this step
+            if kept and self.par.is_main:
+                log.info(f"checkpoint kept at {self.built.clock.spent_s:.1f} s of training (trainer.checkpoint_at_s): {path}")
         if stop:
             raise Stop()
 

@@ -263,6 +263,9 @@ class TrainConfig:
     eval_batches: Optional[int] = None  # held-out batches per evaluation; None: all
     output_dir: str = "."  # relative to Hydra's run dir
     checkpoint_every: Optional[int] = None  # optimizer steps between checkpoints; epochs always end with one
+    # training seconds (trainer.max_time_s's clock) at which a checkpoint is saved and never pruned: the stable-phase
+    # checkpoints of a wsd run from which a shorter budget's decay is resumed (docs/STUDY.md, "τ against budget")
+    checkpoint_at_s: list[float] = field(default_factory=list)
     keep_last: int = 2  # complete checkpoints kept
     resume: Optional[str] = None  # auto: newest checkpoint of this run dir; or a checkpoint / run dir path
     resume_allow: list[str] = field(default_factory=list)  # deliberate changes on resume: names of trainer.checkpoint.CHANGEABLE
@@ -293,6 +296,14 @@ class TrainConfig:
         _require(not bad, "trainer.resume_allow", f"{bad} cannot change on resume (allowed: {', '.join(CHANGEABLE)})")
         _require(self.max_steps is None or self.max_steps >= 1, "trainer.max_steps", "must be >= 1")
         _require(self.max_time_s is None or self.max_time_s > 0, "trainer.max_time_s", "must be positive")
+        marks = "marks a time on trainer.max_time_s's clock"
+        _require(not self.checkpoint_at_s or self.max_time_s is not None, "trainer.checkpoint_at_s", f"{marks}, which is not set")
+        inside = all(0 < t < (self.max_time_s or 0) for t in self.checkpoint_at_s)
+        _require(
+            not self.checkpoint_at_s or inside,
+            "trainer.checkpoint_at_s",
+            f"each of {self.checkpoint_at_s} must lie inside (0, trainer.max_time_s)",
+        )
         _require(self.device in ("auto", "cpu", "cuda"), "trainer.device", f"{self.device!r} is not auto, cpu or cuda")
         _require(self.log_every >= 1, "trainer.log_every", "must be >= 1")
         _require(self.peak_tflops is None or self.peak_tflops > 0, "trainer.peak_tflops", "must be positive")

@@ -80,11 +80,13 @@ def test_wrong_type_is_refused():
         ("draft.ttt_steps=0", "draft.ttt_steps"),
         ("draft.intermediate_size=0", "draft.intermediate_size"),
         ("data.mix={web:1.0}", "data.mix"),
+        ("trainer.checkpoint_at_s=[60]", "trainer.checkpoint_at_s: marks a time on trainer.max_time_s's clock, which is not set"),
+        ("+experiment=h200_quality trainer.checkpoint_at_s=[240,300]", "trainer.checkpoint_at_s: each of \\[240.0, 300.0\\] must lie"),
     ],
 )
 def test_bad_value_names_the_key(override, key):
     with pytest.raises(ValueError, match=key):
-        _compose(override)
+        _compose(*override.split())
 
 
 def test_a_time_capped_run_warms_up_over_its_time_not_its_epochs_steps():

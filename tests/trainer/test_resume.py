@@ -105,6 +105,21 @@ def test_a_resume_keeps_the_schedule_clocks_start(build, tmp_path):
     assert resumed.built.clock.start_s == position["schedule_start_s"]
 
 
+def test_a_checkpoint_at_a_time_mark_is_kept_and_a_shorter_budgets_decay_resumes_from_it(build, tmp_path):
+    """trainer.checkpoint_at_s saves when the run's clock passes a mark and that checkpoint is never pruned; a run
+    resumed from it with a shorter trainer.max_time_s decays over that budget (a wsd decay branch)."""
+    marked = ["trainer.max_time_s=100000", "schedule=wsd", "trainer.checkpoint_at_s=[1e-9]", "trainer.checkpoint_every=1"]
+    trunk = build(tiny_config("trainer.max_steps=3", "trainer.keep_last=1", *marked), tmp_path / "trunk")
+    trunk.fit()
+    root = tmp_path / "trunk" / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["step_2", "step_3"]  # step_1 pruned; step_2 passed the mark first
+    assert ckpt.read_meta(root / "step_2")["kept"] and not ckpt.read_meta(root / "step_3")["kept"]
+    spent = ckpt.read_meta(root / "step_2")["position"]["train_s"]
+    branch = ["trainer.max_steps=3", f"trainer.resume={root / 'step_2'}", f"trainer.max_time_s={spent * 2}", "schedule=wsd"]
+    resumed = build(tiny_config(*branch), tmp_path / "branch")
+    assert resumed.state.step == 2 and resumed.built.clock.time_frac == pytest.approx(0.5)
+
+
 def test_resume_refuses_a_different_run_and_allows_a_deliberate_change(build, tmp_path):
     build(tiny_config("trainer.max_steps=2"), tmp_path).fit()
     # a draft vocab of another size (a recipe left off on resume) is refused before any tensor is built
