@@ -23,6 +23,9 @@
 #   launch/device_run.sh sweep CORPORA_DIR --answered A --sampled S --variant NAME [OVERRIDE...] ...
 #                                                   # draft variants of the recipe on carried answers, one after the
 #                                                   # other, then their speedups against one target-alone run
+#   launch/device_run.sh budget CORPORA_DIR --answered A --sampled S [--minutes 5 10]
+#                                                   # tau against training time: one wsd trunk, the shorter budgets'
+#                                                   # decays resumed from its kept checkpoints, their speedups
 #   launch/device_run.sh study CORPORA_DIR          # data size x LR regime on --recipe NAME's answers (waits for them);
 #                                                   # --steps, --parallel (on each device), --devices, --threads
 #   launch/device_run.sh genbench                   # generation speeds (transformers, SGLang; 1-4 replicas; --variants)

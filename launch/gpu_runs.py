@@ -13,6 +13,10 @@ and ``dp`` train on its greedy answers, ``RES/NAME/answered.jsonl``.
   ``--concurrency`` on the held-out ShareGPT and code files: the target alone is measured with the first export
   measured and taken from its results for the others, so the drafts share one baseline (``--plain-from FILE``:
   taken from that results file for all of them).
+- ``budget CORPORA --answered A --sampled S [--minutes 5 10]``: τ against training time (docs/STUDY.md): the recipe's
+  training capped at the longest budget (the trunk, ``RES/tM``), keeping a checkpoint where each shorter budget's decay
+  starts (``trainer.checkpoint_at_s``), each shorter budget resumed from it with its own ``trainer.max_time_s``
+  (``RES/tM``), then ``serving.speedup`` on every export (the 6-step chain at concurrency 1 by default), one baseline.
 - ``baseline CORPORA``: the embedded default recipe (``python -m trainer``), then τ in SGLang on the three
   held-out files of CORPORA (``RES/baseline``).
 - ``study CORPORA``: waits for the recipe's greedy answers (``answered.done``), shuffles them (seed 0: every
@@ -56,6 +60,7 @@ from pathlib import Path
 from typing import IO
 
 from serving.usage import PlainHelp
+from trainer.checkpoint import is_complete, read_meta
 from trainer.corpora import leak_checked_files
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +71,7 @@ DP_ENGINES = ("sglang", "colocated")  # the dp runs' feature engines: engine=sgl
 KINDS = ("one-ga1", "one", "two")
 RUNS = tuple(f"{engine}-{kind}" for engine in DP_ENGINES for kind in KINDS)
 WARMUP_STEPS = 5  # dp medians and rates are over the steps past these
+STABLE_SHARE = 0.8  # h200_quality's wsd holds its LR until this share of trainer.max_time_s (1 - schedule.decay_ratio)
 GEN_VARIANTS = ("hf-b256", "hf-b256-r4", "sglang", "sglang-r2", "sglang-r4")
 SCRATCH = Path("/tmp")  # where the memory bench writes its temporary 8B-shaped checkpoint
 DS_LAUNCHER = ("-c", "import sys; from deepspeed.launcher.runner import main; sys.exit(main())", "--num_gpus", "2", "--no_local_rank")
@@ -197,23 +203,45 @@ def recipe_step(res: Path, recipe: str, corpora: Path, args: Sequence[str]) -> S
     return Step("recipe", (PYTHON, "launch/recipe.py", "--corpora", str(corpora), "--out", str(res / recipe), *args))
 
 
-def sweep_training_step(res: Path, corpora: Path, a: argparse.Namespace, name: str, overrides: Sequence[str]) -> Step:
-    """One variant's training: the recipe's training phase on the carried answers, capped at ``a.steps``."""
-    cap = (f"trainer.max_steps={a.steps}", "trainer.max_time_s=null", "trainer.speedup.enabled=false")
+def carried_training_step(res: Path, corpora: Path, a: argparse.Namespace, name: str, overrides: Sequence[str]) -> Step:
+    """A run of the recipe's training phase on the carried answers (its own speedup phase off) into ``RES/NAME``."""
     answers = ("--answered", str(a.answered), "--sampled", str(a.sampled), "--phases", "training")
-    return Step(
-        f"sweep: {name} training",
-        (PYTHON, "launch/recipe.py", "--corpora", str(corpora), "--out", str(res / name), *answers) + ("--trainer-args", *cap, *overrides),
-    )
+    argv = (PYTHON, "launch/recipe.py", "--corpora", str(corpora), "--out", str(res / name), *answers)
+    return Step(f"{a.sequence}: {name} training", argv + ("--trainer-args", "trainer.speedup.enabled=false", *overrides))
 
 
-def sweep_speedup_step(res: Path, corpora: Path, a: argparse.Namespace, name: str, plain: Path | None) -> Step:
-    """One variant's export in ``serving.speedup``; ``plain``: the results file whose target-alone run it takes."""
+def speedup_step(res: Path, corpora: Path, a: argparse.Namespace, name: str, plain: Path | None) -> Step:
+    """``RES/NAME``'s export in ``serving.speedup``; ``plain``: the results file whose target-alone run it takes."""
     prompts = (str(corpora / "heldout_sharegpt.jsonl"), str(corpora / "heldout_codeio.jsonl"))
     argv = (PYTHON, "-m", "serving.speedup", str(res / name / "run" / "export" / "sglang"), "--prompts", *prompts)
     argv += ("--settings", *a.settings, "--concurrency", *map(str, a.concurrency), "--repeats", str(a.repeats))
     argv += ("--json", str(res / name / "speedup.json"))
-    return Step(f"sweep: {name} speedup", argv + (("--plain-from", str(plain)) if plain else ()), res / name / "speedup.log", show=40)
+    log = res / name / "speedup.log"
+    return Step(f"{a.sequence}: {name} speedup", argv + (("--plain-from", str(plain)) if plain else ()), log, show=40)
+
+
+def measure_exports(a: argparse.Namespace, steps: Steps, names: Sequence[str]) -> None:
+    """``serving.speedup`` on each run's export against one target-alone run: ``--plain-from``'s, else the first
+    export measured's. A run without an export (its training failed) is passed over."""
+    plain = a.plain_from
+    for name in names:
+        if not (a.res / name / "run" / "export" / "sglang").is_dir():
+            print(f"{a.sequence}: {name} has no export (its training failed), no speedup", file=sys.stderr, flush=True)
+            continue
+        failed = len(steps.failed)
+        steps.run(speedup_step(a.res, a.corpora, a, name, plain))
+        if plain is None and len(steps.failed) == failed:
+            plain = a.res / name / "speedup.json"
+
+
+def kept_checkpoint(root: Path, mark_s: float) -> Path:
+    """The trunk's checkpoint kept at the ``trainer.checkpoint_at_s`` mark ``mark_s``: the first kept past it."""
+    kept = [p for p in root.iterdir() if is_complete(p) and read_meta(p).get("kept")] if root.is_dir() else []
+    past = [(read_meta(p)["position"]["train_s"], p) for p in kept]
+    past = sorted((s, p) for s, p in past if s >= mark_s)
+    if not past:
+        raise StepFailed(f"budget: {root} holds no checkpoint kept at {mark_s:g} s of training (did the trunk run?)")
+    return past[0][1]
 
 
 def baseline_steps(res: Path, corpora: Path) -> list[Step]:
@@ -468,16 +496,25 @@ def sweep(a: argparse.Namespace, steps: Steps) -> None:
     if len(set(names)) != len(names):
         raise SystemExit(f"sweep: --variant names must differ, got {', '.join(names)}")
     for name, *overrides in a.variant:
-        steps.run(sweep_training_step(a.res, a.corpora, a, name, overrides))
-    plain = a.plain_from
-    for name in names:
-        if not (a.res / name / "run" / "export" / "sglang").is_dir():
-            print(f"sweep: {name} has no export (its training failed), no speedup", file=sys.stderr, flush=True)
-            continue
-        failed = len(steps.failed)
-        steps.run(sweep_speedup_step(a.res, a.corpora, a, name, plain))
-        if plain is None and len(steps.failed) == failed:
-            plain = a.res / name / "speedup.json"
+        cap = (f"trainer.max_steps={a.steps}", "trainer.max_time_s=null")
+        steps.run(carried_training_step(a.res, a.corpora, a, name, (*cap, *overrides)))
+    measure_exports(a, steps, names)
+
+
+def budget(a: argparse.Namespace, steps: Steps) -> None:
+    """τ against training time: one wsd trunk of the longest budget, each shorter budget's decay resumed from the
+    trunk's checkpoint kept where that budget's decay starts, then their speedups against one baseline."""
+    minutes = sorted(set(a.minutes))
+    trunk = f"t{minutes[-1]:g}"
+    marks = [STABLE_SHARE * m * 60 for m in minutes[:-1]]
+    kept = f"trainer.checkpoint_at_s=[{','.join(f'{t:g}' for t in marks)}]"
+    steps.run(carried_training_step(a.res, a.corpora, a, trunk, (f"trainer.max_time_s={minutes[-1] * 60:g}", kept)))
+    # a branch reads the trunk's answer files: a resume checks the data settings, their paths included
+    same_data = tuple(f"data.sources.{s}.path={a.res / trunk / f'{f}.jsonl'}" for s, f in (("openai", "answered"), ("sampled", "sampled")))
+    for m, mark in zip(minutes[:-1], marks):
+        resume = f"trainer.resume={kept_checkpoint(a.res / trunk / 'run' / 'checkpoints', mark)}"
+        steps.run(carried_training_step(a.res, a.corpora, a, f"t{m:g}", (f"trainer.max_time_s={m * 60:g}", resume, *same_data)))
+    measure_exports(a, steps, [f"t{m:g}" for m in minutes])
 
 
 def genbench(a: argparse.Namespace, steps: Steps) -> None:
@@ -520,6 +557,7 @@ SEQUENCES: dict[str, Callable[[argparse.Namespace, Steps], None]] = {
     "recipe": recipe,
     "baseline": baseline,
     "sweep": sweep,
+    "budget": budget,
     "study": study,
     "genbench": genbench,
     "perfbench": perfbench,
@@ -561,7 +599,7 @@ def _parser() -> argparse.ArgumentParser:
         name: sub.add_parser(name, help=run.__doc__, description=run.__doc__, parents=[common], allow_abbrev=False)
         for name, run in SEQUENCES.items()
     }
-    for name in ("recipe", "baseline", "sweep", "study", "dp"):
+    for name in ("recipe", "baseline", "sweep", "budget", "study", "dp"):
         parsers[name].add_argument("corpora", type=absolute, help="trainer.corpora prepare's output dir")
     for name in ("recipe", "study", "dp"):
         parsers[name].add_argument("--recipe", default="recipe", help="the recipe run: its results are RES/NAME (default recipe)")
@@ -570,9 +608,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--parallel", type=int, default=4, help="points at once on each device (default 4)")
     s.add_argument("--devices", nargs="+", default=[], help="CUDA devices to spread the points over")
     s.add_argument("--threads", type=int, default=4, help="OMP_NUM_THREADS of the points (default 4)")
-    w = parsers["sweep"]
-    w.add_argument("--answered", type=absolute, required=True, help="gzipped greedy answers of an earlier recipe run")
-    w.add_argument("--sampled", type=absolute, required=True, help="gzipped sampled answers of an earlier recipe run")
+    w, b = parsers["sweep"], parsers["budget"]
+    for carried in (w, b):
+        carried.add_argument("--answered", type=absolute, required=True, help="gzipped greedy answers of an earlier recipe run")
+        carried.add_argument("--sampled", type=absolute, required=True, help="gzipped sampled answers of an earlier recipe run")
+        carried.add_argument("--plain-from", type=absolute, default=None, help="a results file whose target-alone run every export takes")
     w.add_argument(
         "--variant",
         nargs="+",
@@ -582,10 +622,15 @@ def _parser() -> argparse.ArgumentParser:
         help="a results dir name and its Hydra overrides",
     )
     w.add_argument("--steps", type=int, default=2400, help="trainer.max_steps of each variant (default 2400: what the recipe's 300 s give)")
-    w.add_argument("--plain-from", type=absolute, default=None, help="a results file whose target-alone run every export takes")
     w.add_argument("--settings", nargs="+", default=["8/8/64"], help="serving.speedup's settings (default 8/8/64)")
     w.add_argument("--concurrency", type=int, nargs="+", default=[1, 16], help="serving.speedup's concurrency (default 1 16)")
     w.add_argument("--repeats", type=int, default=3, help="serving.speedup's repeats of each level (default 3)")
+    b.add_argument(
+        "--minutes", type=float, nargs="+", default=[5, 10], help="the training budgets (default 5 10); the longest is the trunk"
+    )
+    b.add_argument("--settings", nargs="+", default=["6/1/7"], help="serving.speedup's settings (default 6/1/7: the recipe's chain)")
+    b.add_argument("--concurrency", type=int, nargs="+", default=[1], help="serving.speedup's concurrency (default 1)")
+    b.add_argument("--repeats", type=int, default=1, help="serving.speedup's repeats of each level (default 1: τ is the figure)")
     parsers["genbench"].add_argument("--variants", nargs="+", default=list(GEN_VARIANTS), help="launch/bench_generate.py's variants")
     parsers["gputests"].add_argument("-k", default=None, help="a pytest -k expression: a part of the marker")
     d = parsers["dp"]

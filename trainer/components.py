@@ -252,8 +252,10 @@ class Checkpointer:
         self.cfg, self.built, self.par, self.root, self.state, self.signals = cfg, built, par, ckpt_root, state, signals
         self.saved_step = 0  # the step of the last checkpoint saved or resumed from
         self.marks = sorted(cfg.trainer.checkpoint_at_s)  # the trainer.checkpoint_at_s marks not reached yet
+        # a resume continues the checkpoint's wandb run; a checkpoint of another run dir starts a new one (a branch)
         resumed = built.resume_from
-        self.wandb_id: str | None = ckpt.read_meta(resumed)["wandb_id"] if resumed else None  # saved: a resume continues it
+        own = resumed is not None and resumed.resolve().parent == ckpt_root.resolve()
+        self.wandb_id: str | None = ckpt.read_meta(resumed)["wandb_id"] if own else None
 
     def resume(self, path: Path) -> None:
         """Continue from the checkpoint at ``path`` (``build`` has checked it): weights, optimizer, position, data order."""

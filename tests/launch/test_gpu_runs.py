@@ -13,6 +13,7 @@ import pytest
 
 from launch import gpu_runs
 from launch.gpu_runs import PYTHON, Step
+from trainer import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parents[2]
 DEVICE_RUN = ROOT / "launch" / "device_run.sh"
@@ -333,7 +334,7 @@ def documented_subcommands() -> list[str]:
 
 def test_every_subcommand_device_run_documents_is_the_shells_or_the_programs():
     names = documented_subcommands()
-    assert len(names) == len(set(names)) == 15
+    assert len(names) == len(set(names)) == 16
     assert set(names) == set(SHELL) | set(gpu_runs.SEQUENCES)
     arms = re.findall(r"^([a-z0-9|*-]+)\)$", DEVICE_RUN.read_text(), flags=re.M)
     assert arms == [*SHELL, "*"]  # the rest goes to the program
@@ -412,7 +413,7 @@ def test_sweep_trains_each_variant_then_measures_them_against_one_target_alone(t
         "draft.intermediate_size=1536",
     ]
     assert gpu_runs.main([*argv, "--steps", "100"], runner=run) == 1  # v8's training failed; the rest ran
-    cap = ("trainer.max_steps=100", "trainer.max_time_s=null", "trainer.speedup.enabled=false")
+    cap = ("trainer.speedup.enabled=false", "trainer.max_steps=100", "trainer.max_time_s=null")
     answers = ("--answered", "/a/answered.jsonl.gz", "--sampled", "/a/sampled.jsonl.gz", "--phases", "training")
     train = [
         (PYTHON, "launch/recipe.py", "--corpora", "/c", "--out", str(r / n), *answers, "--trainer-args", *cap, o)
@@ -431,3 +432,40 @@ def test_sweep_trains_each_variant_then_measures_them_against_one_target_alone(t
     assert again.argvs[-1][-2:] == ("--plain-from", str(r / "w" / "speedup.json"))
     with pytest.raises(SystemExit, match="names must differ"):
         gpu_runs.main([*argv[:8], "--variant", "a", "--variant", "a", "x=1"], runner=FakeRunner())
+
+
+def test_budget_runs_one_trunk_then_each_shorter_decay_from_its_kept_checkpoint(tmp_path):
+    class Trunk(FakeRunner):  # the trunk keeps a checkpoint past its mark (and one before it); every run exports
+        def __call__(self, step: Step) -> int:
+            code = super().__call__(step)
+            out = Path(step.argv[step.argv.index("--out") + 1]) if "--out" in step.argv else None
+            if out is not None:
+                (out / "run" / "export" / "sglang").mkdir(parents=True)
+            if out is not None and out.name == "t10":
+                for n, spent, kept in ((1900, 239.0, True), (2000, 240.2, True), (2100, 260.0, False)):
+                    d = out / "run" / "checkpoints" / f"step_{n}"
+                    (d / ckpt.STATE_TAG).mkdir(parents=True)
+                    (d / ckpt.META_FILE).write_text(json.dumps({"position": {"train_s": spent}, "kept": kept}))
+            return code
+
+    run, r = Trunk(), tmp_path
+    argv = ["budget", "/c", "--res", str(r), "--answered", "/a/a.jsonl.gz", "--sampled", "/a/s.jsonl.gz", "--minutes", "10", "5"]
+    assert gpu_runs.main(argv, runner=run) == 0
+    head = ("--answered", "/a/a.jsonl.gz", "--sampled", "/a/s.jsonl.gz", "--phases", "training", "--trainer-args")
+    trunk = (PYTHON, "launch/recipe.py", "--corpora", "/c", "--out", str(r / "t10"), *head, "trainer.speedup.enabled=false")
+    branch = (PYTHON, "launch/recipe.py", "--corpora", "/c", "--out", str(r / "t5"), *head, "trainer.speedup.enabled=false")
+    resume = f"trainer.resume={r / 't10' / 'run' / 'checkpoints' / 'step_2000'}"
+    same = (f"data.sources.openai.path={r / 't10' / 'answered.jsonl'}", f"data.sources.sampled.path={r / 't10' / 'sampled.jsonl'}")
+    assert run.argvs[0] == (*trunk, "trainer.max_time_s=600", "trainer.checkpoint_at_s=[240]")
+    assert run.argvs[1] == (*branch, "trainer.max_time_s=300", resume, *same)  # the trunk's data, which the resume checks
+    assert [s.name for s in run.steps[2:]] == ["budget: t5 speedup", "budget: t10 speedup"]
+    assert run.argvs[2][run.argvs[2].index("--settings") :][:4] == ("--settings", "6/1/7", "--concurrency", "1")
+    assert run.argvs[3][-2:] == ("--plain-from", str(r / "t5" / "speedup.json"))
+    empty = tmp_path / "none"
+    assert gpu_runs.main([*argv[:2], "--res", str(empty), *argv[4:]], runner=FakeRunner()) == 1  # no trunk checkpoint
+
+
+def test_the_budgets_stable_share_is_h200_qualitys_schedule():
+    from tests.trainer.test_config import _compose
+
+    assert gpu_runs.STABLE_SHARE == pytest.approx(1 - _compose("+experiment=h200_quality").schedule.decay_ratio)

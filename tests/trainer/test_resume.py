@@ -114,10 +114,14 @@ def test_a_checkpoint_at_a_time_mark_is_kept_and_a_shorter_budgets_decay_resumes
     root = tmp_path / "trunk" / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == ["step_2", "step_3"]  # step_1 pruned; step_2 passed the mark first
     assert ckpt.read_meta(root / "step_2")["kept"] and not ckpt.read_meta(root / "step_3")["kept"]
-    spent = ckpt.read_meta(root / "step_2")["position"]["train_s"]
+    meta = ckpt.read_meta(root / "step_2")
+    (root / "step_2" / ckpt.META_FILE).write_text(json.dumps(meta | {"wandb_id": "trunk-run"}))
+    spent = meta["position"]["train_s"]
     branch = ["trainer.max_steps=3", f"trainer.resume={root / 'step_2'}", f"trainer.max_time_s={spent * 2}", "schedule=wsd"]
     resumed = build(tiny_config(*branch), tmp_path / "branch")
     assert resumed.state.step == 2 and resumed.built.clock.time_frac == pytest.approx(0.5)
+    assert resumed.checkpointer.wandb_id is None  # a branch is a wandb run of its own; the trunk's own resume continues it
+    assert build(tiny_config(*branch), tmp_path / "trunk").checkpointer.wandb_id == "trunk-run"
 
 
 def test_resume_refuses_a_different_run_and_allows_a_deliberate_change(build, tmp_path):
