@@ -263,9 +263,7 @@ class TrainConfig:
     eval_batches: Optional[int] = None  # held-out batches per evaluation; None: all
     output_dir: str = "."  # relative to Hydra's run dir
     checkpoint_every: Optional[int] = None  # optimizer steps between checkpoints; epochs always end with one
-    # training seconds (trainer.max_time_s's clock) at which a checkpoint is saved and never pruned: the stable-phase
-    # checkpoints of a wsd run from which a shorter budget's decay is resumed (docs/STUDY.md, "τ against budget")
-    checkpoint_at_s: list[float] = field(default_factory=list)
+    checkpoint_at_s: list[float] = field(default_factory=list)  # training seconds with a kept checkpoint (a shorter wsd budget resumes)
     keep_last: int = 2  # complete checkpoints kept
     resume: Optional[str] = None  # auto: newest checkpoint of this run dir; or a checkpoint / run dir path
     resume_allow: list[str] = field(default_factory=list)  # deliberate changes on resume: names of trainer.checkpoint.CHANGEABLE
