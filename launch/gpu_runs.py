@@ -236,9 +236,8 @@ def measure_exports(a: argparse.Namespace, steps: Steps, names: Sequence[str]) -
 
 def kept_checkpoint(root: Path, mark_s: float) -> Path:
     """The trunk's checkpoint kept at the ``trainer.checkpoint_at_s`` mark ``mark_s``: the first kept past it."""
-    kept = [p for p in root.iterdir() if is_complete(p) and read_meta(p).get("kept")] if root.is_dir() else []
-    past = [(read_meta(p)["position"]["train_s"], p) for p in kept]
-    past = sorted((s, p) for s, p in past if s >= mark_s)
+    metas = [(read_meta(p), p) for p in root.iterdir() if is_complete(p)] if root.is_dir() else []
+    past = sorted((m["position"]["train_s"], p) for m, p in metas if m.get("kept") and m["position"]["train_s"] >= mark_s)
     if not past:
         raise StepFailed(f"budget: {root} holds no checkpoint kept at {mark_s:g} s of training (did the trunk run?)")
     return past[0][1]

@@ -207,11 +207,13 @@ def plain_from(path: Path, conditions: dict) -> dict:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"--plain-from {path}: not a results file of serving.speedup ({e})") from None
-    theirs = data.get("conditions", {}) if isinstance(data, dict) else {}
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), dict):
+        raise ValueError(f"--plain-from {path}: not a results file of serving.speedup (no runs)")
+    theirs = data.get("conditions", {})
     changed = sorted(k for k in conditions if k not in EXPORT_CONDITIONS and theirs.get(k) != conditions[k])
     if changed:
         raise ValueError(f"--plain-from {path} was measured under other conditions ({', '.join(changed)} differ)")
-    if PLAIN not in data.get("runs", {}):
+    if PLAIN not in data["runs"]:
         raise ValueError(f"--plain-from {path}: holds no run of the target alone")
     return data["runs"][PLAIN]
 

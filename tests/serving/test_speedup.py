@@ -412,9 +412,10 @@ def test_a_second_export_takes_the_target_alone_from_the_first_ones_results(tmp_
     other = Bench(**(vars(second) | {"max_new_tokens": 64}))
     with pytest.raises(ValueError, match="a.json was measured under other conditions \\(max_new_tokens differ\\)"):
         run_grid(other, ["6/1/7"], tmp_path / "c.json", _decode, stand_in(calls), plain=tmp_path / "a.json")
-    (tmp_path / "d.json").write_text("{not json")
-    with pytest.raises(ValueError, match="--plain-from .*d.json: not a results file"):
-        run_grid(second, ["6/1/7"], tmp_path / "e.json", _decode, stand_in(calls), plain=tmp_path / "d.json")
+    for bad in ("{not json", "[1, 2]"):
+        (tmp_path / "d.json").write_text(bad)
+        with pytest.raises(ValueError, match="--plain-from .*d.json: not a results file"):
+            run_grid(second, ["6/1/7"], tmp_path / "e.json", _decode, stand_in(calls), plain=tmp_path / "d.json")
 
 
 def test_a_level_decoded_several_times_reports_its_median_repeat_and_every_wall_time(tmp_path):
