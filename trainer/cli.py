@@ -26,6 +26,7 @@ COMMANDS = {  # command -> (module run as __main__, what it does)
     "serve": ("serving.launch", "the SGLang / vLLM server command for an export"),
     "bench": ("serving.bench", "load a running server with requests"),
     "speedup": ("serving.speedup", "wall-clock speedup in SGLang with the draft, chains and trees (GPU)"),
+    "speedup-compare": ("serving.speedup_compare", "drafts' acceptance length paired by prompt, from speedup results files"),
 }
 
 

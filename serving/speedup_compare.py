@@ -1,0 +1,116 @@
+"""Drafts' τ paired by prompt, from ``serving.speedup`` results files of their exports measured on the same
+prompts (each export's ``--json``, gzipped or not):
+
+    python -m serving.speedup_compare BASE.json OTHER.json [OTHER.json ...] [--json OUT]
+
+For every setting, prompt set and concurrency that BASE and an OTHER both measured: a request's τ is its
+output tokens over its verify steps, and a row is the mean over the level's prompts of OTHER's τ minus
+BASE's on the same prompt, ± the standard error of that mean. Pairing takes the prompts' own spread out
+of the difference, so it resolves what the two τ ± their standard errors cannot (the same prompt is easy
+or hard for either draft). A mean of per-request τ weights each prompt once, so it sits above the
+token-weighted τ of ``serving.speedup``'s table. Files measured on other prompts, another target,
+other new tokens or other engine options are refused by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from serving.speedup_report import PLAIN, write_json
+from serving.usage import PlainHelp
+
+SAME = ("prompts", "target", "max_new_tokens", "engine")  # the conditions a paired comparison needs equal
+
+
+def read_results(path: Path) -> dict:
+    """A ``serving.speedup`` results file; ValueError naming the file when it is not one."""
+    try:
+        with gzip.open(path, "rt") if path.suffix == ".gz" else path.open() as f:
+            data = json.load(f)
+    except (OSError, EOFError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a results file of serving.speedup ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), dict) or not isinstance(data.get("conditions"), dict):
+        raise ValueError(f"{path}: not a results file of serving.speedup (no conditions or runs)")
+    return data
+
+
+def request_taus(level: dict) -> list[float | None]:
+    """Each request's τ in prompt order (None for a request without a verify step)."""
+    return [r["tokens"] / r["verify_ct"] if r.get("verify_ct") else None for r in level["requests"]]
+
+
+def paired(base: list[float | None], other: list[float | None]) -> dict:
+    """Mean of other − base over the prompts both have a τ for, its standard error and the pairs' count."""
+    diffs = [o - b for b, o in zip(base, other) if b is not None and o is not None]
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
+    return {
+        "pairs": len(diffs),
+        "base_mean_tau": statistics.fmean(b for b in base if b is not None),
+        "other_mean_tau": statistics.fmean(o for o in other if o is not None),
+        "diff": statistics.fmean(diffs) if diffs else float("nan"),
+        "diff_se": se,
+    }
+
+
+def compare(base_path: Path, base: dict, other_path: Path, other: dict) -> list[dict]:
+    """One row per draft setting, prompt set and concurrency that both files measured."""
+    changed = [k for k in SAME if base["conditions"].get(k) != other["conditions"].get(k)]
+    if changed:
+        raise ValueError(f"{other_path} was measured under other conditions than {base_path} ({', '.join(changed)} differ)")
+    rows = []
+    for name, run in other["runs"].items():
+        if name == PLAIN or name not in base["runs"]:
+            continue
+        for set_name, levels in run["sets"].items():
+            for c, level in levels.items():
+                theirs = base["runs"][name]["sets"].get(set_name, {}).get(c)
+                if theirs is not None:
+                    row = {"other": str(other_path), "setting": name, "set": set_name, "concurrency": int(c)}
+                    rows.append(row | paired(request_taus(theirs), request_taus(level)))
+    if not rows:
+        raise ValueError(f"{other_path} and {base_path} share no draft setting, prompt set and concurrency")
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = [f"{'other':<36} {'setting':<8} {'set':<20} {'c':>3} {'base':>6} {'other':>6} {'diff':>7} {'se':>6} {'z':>5} {'n':>3}"]
+    for r in rows:
+        z = r["diff"] / r["diff_se"] if r["diff_se"] > 0 else float("nan")
+        lines.append(
+            f"{Path(r['other']).parent.name or r['other']:<36.36} {r['setting']:<8} {r['set']:<20.20} {r['concurrency']:>3} "
+            f"{r['base_mean_tau']:>6.3f} {r['other_mean_tau']:>6.3f} {r['diff']:>+7.3f} {r['diff_se']:>6.3f} {z:>+5.1f} {r['pairs']:>3}"
+        )
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m serving.speedup_compare", description=__doc__.split("\n\n")[0], formatter_class=PlainHelp)
+    p.add_argument("base", type=Path, help="the results file every other is compared with")
+    p.add_argument("others", type=Path, nargs="+", metavar="other", help="results files of other exports on the same prompts")
+    p.add_argument("--json", type=Path, default=None, help="write the rows here too")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        base = read_results(args.base)
+        rows = [row for path in args.others for row in compare(args.base, base, path, read_results(path))]
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"tau paired by prompt against {args.base} (diff = other - base, se its standard error, z = diff / se, n prompts)")
+    print(table(rows))
+    if args.json:
+        write_json(args.json, {"base": str(args.base), "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
