@@ -21,6 +21,7 @@ import math
 import statistics
 import sys
 from pathlib import Path
+from typing import Sequence
 
 from serving.speedup_report import PLAIN, write_json
 from serving.usage import PlainHelp
@@ -45,17 +46,17 @@ def request_taus(level: dict) -> list[float | None]:
     return [r["tokens"] / r["verify_ct"] if r.get("verify_ct") else None for r in level["requests"]]
 
 
+def mean(values: Sequence[float | None]) -> float:
+    """The mean of the values that are there; NaN when none is."""
+    there = [v for v in values if v is not None]
+    return statistics.fmean(there) if there else float("nan")
+
+
 def paired(base: list[float | None], other: list[float | None]) -> dict:
     """Mean of other − base over the prompts both have a τ for, its standard error and the pairs' count."""
     diffs = [o - b for b, o in zip(base, other) if b is not None and o is not None]
     se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
-    return {
-        "pairs": len(diffs),
-        "base_mean_tau": statistics.fmean(b for b in base if b is not None),
-        "other_mean_tau": statistics.fmean(o for o in other if o is not None),
-        "diff": statistics.fmean(diffs) if diffs else float("nan"),
-        "diff_se": se,
-    }
+    return {"pairs": len(diffs), "base_mean_tau": mean(base), "other_mean_tau": mean(other), "diff": mean(diffs), "diff_se": se}
 
 
 def compare(base_path: Path, base: dict, other_path: Path, other: dict) -> list[dict]:

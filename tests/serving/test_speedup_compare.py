@@ -65,12 +65,14 @@ def test_only_the_draft_levels_both_measured_and_prompts_both_verified_are_paire
     assert row["diff"] == pytest.approx(1.0) and row["diff_se"] == pytest.approx(0.0)
 
 
-def test_one_pair_has_no_standard_error(tmp_path):
-    base = results(tmp_path / "a.json", {"6/1/7": tree({"s": {"1": level([2.0])}})})
-    other = results(tmp_path / "b.json", {"6/1/7": tree({"s": {"1": level([3.0])}})})
+def test_one_pair_has_no_standard_error_and_none_no_difference(tmp_path):
+    base = results(tmp_path / "a.json", {"6/1/7": tree({"s": {"1": level([2.0]), "4": level([None])}})})
+    other = results(tmp_path / "b.json", {"6/1/7": tree({"s": {"1": level([3.0]), "4": level([2.0])}})})
     out = tmp_path / "rows.json"
     assert main([str(base), str(other), "--json", str(out)]) == 0
-    assert math.isnan(json.loads(out.read_text())["rows"][0]["diff_se"])
+    one, none = json.loads(out.read_text())["rows"]
+    assert one["diff"] == pytest.approx(1.0) and math.isnan(one["diff_se"])
+    assert none["pairs"] == 0 and math.isnan(none["diff"]) and math.isnan(none["base_mean_tau"]) and none["other_mean_tau"] == 2.0
 
 
 @pytest.mark.parametrize("key, value", [("prompts", "xyz"), ("max_new_tokens", 64), ("engine", {"attention_backend": "fa3"})])
