@@ -46,17 +46,18 @@ def request_taus(level: dict) -> list[float | None]:
     return [r["tokens"] / r["verify_ct"] if r.get("verify_ct") else None for r in level["requests"]]
 
 
-def mean(values: Sequence[float | None]) -> float:
-    """The mean of the values that are there; NaN when none is."""
-    there = [v for v in values if v is not None]
-    return statistics.fmean(there) if there else float("nan")
+def mean(values: Sequence[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
 
 
 def paired(base: list[float | None], other: list[float | None]) -> dict:
-    """Mean of other − base over the prompts both have a τ for, its standard error and the pairs' count."""
-    diffs = [o - b for b, o in zip(base, other) if b is not None and o is not None]
+    """Over the prompts both have a τ for: their count, each file's mean τ, the mean of other − base and its
+    standard error (NaN for fewer than two pairs)."""
+    pairs = [(b, o) for b, o in zip(base, other) if b is not None and o is not None]
+    diffs = [o - b for b, o in pairs]
     se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
-    return {"pairs": len(diffs), "base_mean_tau": mean(base), "other_mean_tau": mean(other), "diff": mean(diffs), "diff_se": se}
+    means = {"base_mean_tau": mean([b for b, _ in pairs]), "other_mean_tau": mean([o for _, o in pairs])}
+    return {"pairs": len(pairs)} | means | {"diff": mean(diffs), "diff_se": se}
 
 
 def compare(base_path: Path, base: dict, other_path: Path, other: dict) -> list[dict]:
