@@ -50,6 +50,7 @@ from serving.speedup_report import (
     cost_model,
     describe,
     divergence_lines,
+    read_results,
     setting_name,
     setting_of,
     table,
@@ -204,12 +205,10 @@ def plain_from(path: Path, conditions: dict) -> dict:
     """The target alone's run in another results file, measured under ``conditions`` but for the export
     (the target alone does not read it); ValueError naming the file and the conditions that differ."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"--plain-from {path}: not a results file of serving.speedup ({e})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("runs"), dict):
-        raise ValueError(f"--plain-from {path}: not a results file of serving.speedup (no runs)")
-    theirs = data.get("conditions", {})
+        data = read_results(path)
+    except ValueError as e:
+        raise ValueError(f"--plain-from {e}") from None
+    theirs = data["conditions"]
     changed = sorted(k for k in conditions if k not in EXPORT_CONDITIONS and theirs.get(k) != conditions[k])
     if changed:
         raise ValueError(f"--plain-from {path} was measured under other conditions ({', '.join(changed)} differ)")

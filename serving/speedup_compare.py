@@ -15,30 +15,16 @@ other new tokens or other engine options are refused by name.
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import math
 import statistics
 import sys
 from pathlib import Path
 from typing import Sequence
 
-from serving.speedup_report import PLAIN, write_json
+from serving.speedup_report import PLAIN, read_results, write_json
 from serving.usage import PlainHelp
 
 SAME = ("prompts", "target", "max_new_tokens", "engine")  # the conditions a paired comparison needs equal
-
-
-def read_results(path: Path) -> dict:
-    """A ``serving.speedup`` results file; ValueError naming the file when it is not one."""
-    try:
-        with gzip.open(path, "rt") if path.suffix == ".gz" else path.open() as f:
-            data = json.load(f)
-    except (OSError, EOFError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not a results file of serving.speedup ({e})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("runs"), dict) or not isinstance(data.get("conditions"), dict):
-        raise ValueError(f"{path}: not a results file of serving.speedup (no conditions or runs)")
-    return data
 
 
 def request_taus(level: dict) -> list[float | None]:

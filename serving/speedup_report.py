@@ -30,6 +30,7 @@ itself bounds any setting whose verify costs one plain step.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -313,6 +314,18 @@ def divergence_lines(runs: dict[str, dict]) -> list[str]:
                         f"{name} {set_name} c={c} prompt {d['prompt']} token {d['at_token']} ({margin}): {d['plain']!r} -> {d['draft']!r}"
                     )
     return lines
+
+
+def read_results(path: Path) -> dict:
+    """A ``serving.speedup`` results file (gzipped or not); ValueError naming the file when it is not one."""
+    try:
+        with gzip.open(path, "rt") if path.suffix == ".gz" else path.open() as f:
+            data = json.load(f)
+    except (OSError, EOFError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a results file of serving.speedup ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), dict) or not isinstance(data.get("conditions"), dict):
+        raise ValueError(f"{path}: not a results file of serving.speedup (no conditions or runs)")
+    return data
 
 
 def write_json(path: Path, data: dict) -> None:
