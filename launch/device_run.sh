@@ -15,7 +15,8 @@
 #                                                   # and its sampled ones)
 #   launch/device_run.sh wait NAME MAX_S            # until job NAME's exit code or MAX_S seconds, collecting every 30 s:
 #                                                   # a call cut at its limit (a lease's last seconds) still returns the
-#                                                   # latest collection; give MAX_S well inside the call's limit
+#                                                   # latest collection; give MAX_S well inside the call's limit. A job
+#                                                   # never started on this machine (a bare one) fails it at once (exit 3)
 #   launch/device_run.sh recipe CORPORA_DIR [ARGS]  # launch/recipe.py (ARGS are its own): generation, training and
 #                                                   # the speedup, each phase timed; --recipe NAME: its results dir
 #                                                   # (/tmp/res/NAME, default recipe)
@@ -100,6 +101,8 @@ collect)
   ;;
 wait)
   name=$2 end=$((SECONDS + ${3:?wait NAME MAX_S: give the seconds to wait at most}))
+  # a machine released while idle comes back bare: no job to wait for, so no device time spent waiting
+  [ -f "$RES/$name.log" ] || { echo "wait: no job $name on this machine ($RES/$name.log is absent): a machine released while idle starts bare; set it up and start the job again" >&2; exit 3; }
   until [ -f "$RES/$name.rc" ] || [ "$SECONDS" -ge "$end" ]; do
     bash "$0" collect > /dev/null
     for _ in $(seq 30); do [ -f "$RES/$name.rc" ] || [ "$SECONDS" -ge "$end" ] && break; sleep 1; done

@@ -386,6 +386,16 @@ def test_wait_returns_at_its_limit_with_a_collection_of_a_job_still_running(tmp_
     assert refused.returncode != 0 and "give the seconds to wait at most" in refused.stderr
 
 
+def test_wait_fails_at_once_for_a_job_this_machine_never_started(tmp_path):
+    """A machine released while idle comes back bare: waiting there for a job would spend the call's whole MAX_S."""
+    res, out = tmp_path / "res", tmp_path / "out"
+    out.mkdir()
+    res.mkdir()
+    waited = _device_run(["wait", "gone", "600"], res, out)
+    assert waited.returncode == 3 and "no job gone on this machine" in waited.stderr
+    assert list(out.iterdir()) == []
+
+
 def test_the_program_runs_as_a_script():
     done = subprocess.run([sys.executable, "launch/gpu_runs.py", "dp", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0 and "sglang-one-ga1" in done.stdout
