@@ -8,6 +8,7 @@ order, at each optimizer-step boundary; one that acts only at some steps says wh
               (``trainer.phases.StopSignals``); resumes
   Validator   export -> verify -> serving eval, every trainer.export_every and at the end
   TimeCap     ends the run after trainer.max_time_s of training (over every resume); the LR schedule reads its clock
+and last, with trainer.profile_steps, trainer.profiling.StepProfiler (torch.profiler over those steps).
 """
 
 from __future__ import annotations

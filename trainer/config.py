@@ -277,6 +277,7 @@ class TrainConfig:
         64.0  # colocated: a target checkpoint larger than this is not loaded for that eval (null: no limit)
     )
     peak_tflops: Optional[float] = None  # a device's peak FLOP/s for perf/mfu; None: 790 (H200 bf16) on CUDA, no MFU on CPU
+    profile_steps: list[int] = field(default_factory=list)  # [FIRST, LAST]: torch.profiler over those steps (trainer.profiling)
     speedup: SpeedupConfig = field(default_factory=SpeedupConfig)
 
     def __post_init__(self) -> None:
@@ -305,6 +306,17 @@ class TrainConfig:
         _require(self.device in ("auto", "cpu", "cuda"), "trainer.device", f"{self.device!r} is not auto, cpu or cuda")
         _require(self.log_every >= 1, "trainer.log_every", "must be >= 1")
         _require(self.peak_tflops is None or self.peak_tflops > 0, "trainer.peak_tflops", "must be positive")
+        self._check_profile_steps()
+
+    def _check_profile_steps(self) -> None:
+        steps = self.profile_steps
+        if not steps:
+            return
+        _require(len(steps) == 2, "trainer.profile_steps", f"{steps} is not [FIRST, LAST]")
+        first, last = steps
+        _require(2 <= first <= last, "trainer.profile_steps", f"{steps}: needs 2 <= FIRST <= LAST (step 1 compiles the kernels)")
+        capped = self.max_steps is None or last <= self.max_steps
+        _require(capped, "trainer.profile_steps", f"{steps}: LAST is past trainer.max_steps={self.max_steps}")
 
 
 @dataclass

@@ -35,6 +35,7 @@ from trainer.dist import Parallel, init_parallel, resolve_device, shared_run_dir
 from trainer.model_card import add_speedup
 from trainer.phases import END_EVAL, REPORT, SERVING_EVAL, SPEEDUP, TRAINING, UNTRAINED_EVAL, Stop, StopSignals
 from trainer.preflight import check_inputs
+from trainer.profiling import PROFILE_DIR, StepProfiler
 from trainer.report import metrics as M
 from trainer.report.report import REPORT_DIR, REPORT_FILE, format_summary, write_report
 from trainer.speedup_phase import measure_speedup
@@ -66,6 +67,9 @@ class Trainer:
             self.validator,
             TimeCap(self.par.device, self.state, b.clock),
         ]
+        if cfg.trainer.profile_steps:
+            profiler = StepProfiler(cfg.trainer.profile_steps, self.state, self.par.device, self.run_dir / PROFILE_DIR, self.par.is_main)
+            self.components.append(profiler)
         if self.par.is_main:  # the serving eval's prompts: `python -m serving.eval ... --prompts RUN/eval_prompts.jsonl`
             write_prompt_file(b.prompts, self.run_dir / EVAL_PROMPTS_FILE)
         if b.resume_from:

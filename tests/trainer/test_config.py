@@ -82,6 +82,10 @@ def test_wrong_type_is_refused():
         ("data.mix={web:1.0}", "data.mix"),
         ("trainer.checkpoint_at_s=[60]", "trainer.checkpoint_at_s: marks a time on trainer.max_time_s's clock, which is not set"),
         ("+experiment=h200_quality trainer.checkpoint_at_s=[240,300]", "trainer.checkpoint_at_s: each of \\[240.0, 300.0\\] must lie"),
+        ("trainer.profile_steps=[5]", "trainer.profile_steps: \\[5\\] is not \\[FIRST, LAST\\]"),
+        ("trainer.profile_steps=[1,3]", "trainer.profile_steps: .*step 1 compiles the kernels"),
+        ("trainer.profile_steps=[4,3]", "trainer.profile_steps: .* needs 2 <= FIRST <= LAST"),
+        ("trainer.max_steps=10 trainer.profile_steps=[5,12]", "trainer.profile_steps: .* past trainer.max_steps=10"),
     ],
 )
 def test_bad_value_names_the_key(override, key):
