@@ -61,7 +61,8 @@ class StepProfiler:
         prof.export_chrome_trace(str(self.out_dir / "trace.json"))
         summary = {"steps": [self.first, self.last], "wall_ms_per_step": 1e3 * wall_s / steps}
         if on_gpu:
-            busy_us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA)  # the kernels
+            kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
+            busy_us = sum(e.time_range.elapsed_us() for e in kernels)  # kernels and copies, not the ranges' GPU twins
             summary |= {"gpu_busy_ms_per_step": busy_us / 1e3 / steps, "gpu_busy_share": busy_us / 1e6 / wall_s}
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         busy = f", the GPU's kernels busy {summary['gpu_busy_share']:.0%} of it" if on_gpu else ""

@@ -36,8 +36,12 @@ def test_the_profiled_steps_and_no_others_are_traced(tmp_path):
 
 
 @pytest.mark.gpu
-def test_on_a_gpu_the_kernels_busy_time_is_a_share_of_the_wall(tmp_path):
+def test_on_a_gpu_the_busy_time_is_the_traced_kernels_and_copies(tmp_path):
+    """The trace's GPU ranges of ttt_forward etc. (gpu_user_annotation) span idle time too: they are not kernels."""
     summary = _profiled_run(tmp_path, "trainer.device=cuda")
+    events = json.loads((tmp_path / PROFILE_DIR / "trace.json").read_text())["traceEvents"]
+    device_us = sum(e["dur"] for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    assert summary["gpu_busy_ms_per_step"] == pytest.approx(device_us / 1e3 / 2, rel=0.01)
     assert 0 < summary["gpu_busy_ms_per_step"] <= summary["wall_ms_per_step"]
     assert summary["gpu_busy_share"] == pytest.approx(summary["gpu_busy_ms_per_step"] / summary["wall_ms_per_step"])
     assert torch.cuda.is_available()
