@@ -26,7 +26,7 @@
 #   launch/device_run.sh sweep CORPORA_DIR --answered A --sampled S --variant NAME [OVERRIDE...] ...
 #                                                   # draft variants of the recipe on carried answers, one after the
 #                                                   # other, then their speedups against one target-alone run
-#   launch/device_run.sh budget CORPORA_DIR --answered A --sampled S [--minutes 5 10]
+#   launch/device_run.sh budget CORPORA_DIR --answered A --sampled S [--minutes 5 10] [--trainer-args O...]
 #                                                   # tau against training time: one wsd trunk, the shorter budgets'
 #                                                   # decays resumed from its kept checkpoints, their speedups
 #   launch/device_run.sh study CORPORA_DIR          # data size x LR regime on --recipe NAME's answers (waits for them);

@@ -17,6 +17,7 @@ and ``dp`` train on its greedy answers, ``RES/NAME/answered.jsonl``.
   training capped at the longest budget (the trunk, ``RES/tM``), keeping a checkpoint where each shorter budget's decay
   starts (``trainer.checkpoint_at_s``), each shorter budget resumed from it with its own ``trainer.max_time_s``
   (``RES/tM``), then ``serving.speedup`` on every export (the 6-step chain at concurrency 1 by default), one baseline.
+  ``--trainer-args``: more Hydra overrides for the trunk and every branch.
 - ``baseline CORPORA``: the embedded default recipe (``python -m trainer``), then τ in SGLang on the three
   held-out files of CORPORA (``RES/baseline``).
 - ``study CORPORA``: waits for the recipe's greedy answers (``answered.done``), shuffles them (seed 0: every
@@ -507,12 +508,14 @@ def budget(a: argparse.Namespace, steps: Steps) -> None:
     trunk = f"t{minutes[-1]:g}"
     marks = [STABLE_SHARE * m * 60 for m in minutes[:-1]]
     kept = f"trainer.checkpoint_at_s=[{','.join(f'{t:g}' for t in marks)}]"
-    steps.run(carried_training_step(a.res, a.corpora, a, trunk, (f"trainer.max_time_s={minutes[-1] * 60:g}", kept)))
+    trunk_overrides = (f"trainer.max_time_s={minutes[-1] * 60:g}", kept, *a.trainer_args)
+    steps.run(carried_training_step(a.res, a.corpora, a, trunk, trunk_overrides))
     # a branch reads the trunk's answer files: a resume checks the data settings, their paths included
     same_data = tuple(f"data.sources.{s}.path={a.res / trunk / f'{f}.jsonl'}" for s, f in (("openai", "answered"), ("sampled", "sampled")))
     for m, mark in zip(minutes[:-1], marks):
         resume = f"trainer.resume={kept_checkpoint(a.res / trunk / 'run' / 'checkpoints', mark)}"
-        steps.run(carried_training_step(a.res, a.corpora, a, f"t{m:g}", (f"trainer.max_time_s={m * 60:g}", resume, *same_data)))
+        branch = (f"trainer.max_time_s={m * 60:g}", resume, *same_data, *a.trainer_args)
+        steps.run(carried_training_step(a.res, a.corpora, a, f"t{m:g}", branch))
     measure_exports(a, steps, [f"t{m:g}" for m in minutes])
 
 
@@ -630,6 +633,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--settings", nargs="+", default=["6/1/7"], help="serving.speedup's settings (default 6/1/7: the recipe's chain)")
     b.add_argument("--concurrency", type=int, nargs="+", default=[1], help="serving.speedup's concurrency (default 1)")
     b.add_argument("--repeats", type=int, default=1, help="serving.speedup's repeats of each level (default 1: τ is the figure)")
+    b.add_argument("--trainer-args", nargs="+", default=[], help="more Hydra overrides for the trunk and every branch")
     parsers["genbench"].add_argument("--variants", nargs="+", default=list(GEN_VARIANTS), help="launch/bench_generate.py's variants")
     parsers["gputests"].add_argument("-k", default=None, help="a pytest -k expression: a part of the marker")
     d = parsers["dp"]

@@ -64,7 +64,9 @@ DEFAULT_SETTINGS = ("6/1/7", "3/1/4", "5/4/8", "6/8/32", "6/4/16", "8/8/64", "5/
 DEFAULT_CONCURRENCY = (1, 4, 16, 64)
 CHAIN_ONLY_BACKENDS = ("trtllm_mha",)  # SGLang 0.5.14 refuses topk > 1 on these
 PAGED_TREE_BACKENDS = ("flashinfer", "fa3", "triton")  # topk > 1 with page_size > 1 runs on these only
-EXPORT_CONDITIONS = ("export", "export_weights")  # the conditions the target alone's run does not depend on
+# the conditions --plain-from does not compare: the target alone does not read the export, and a level decoded N
+# times reports its median-time repeat, the measurement of one decode (files from before --repeats lack the key)
+PLAIN_FROM_FREE = ("export", "export_weights", "repeats")
 
 
 class SettingFailed(RuntimeError):
@@ -203,13 +205,14 @@ def load_results(path: Path, conditions: dict) -> dict:
 
 def plain_from(path: Path, conditions: dict) -> dict:
     """The target alone's run in another results file, measured under ``conditions`` but for the export
-    (the target alone does not read it); ValueError naming the file and the conditions that differ."""
+    (the target alone does not read it) and the repeat count; ValueError naming the file and the conditions
+    that differ."""
     try:
         data = read_results(path)
     except ValueError as e:
         raise ValueError(f"--plain-from {e}") from None
     theirs = data["conditions"]
-    changed = sorted(k for k in conditions if k not in EXPORT_CONDITIONS and theirs.get(k) != conditions[k])
+    changed = sorted(k for k in conditions if k not in PLAIN_FROM_FREE and theirs.get(k) != conditions[k])
     if changed:
         raise ValueError(f"--plain-from {path} was measured under other conditions ({', '.join(changed)} differ)")
     if PLAIN not in data["runs"]:

@@ -506,6 +506,9 @@ def test_budget_runs_one_trunk_then_each_shorter_decay_from_its_kept_checkpoint(
     assert run.argvs[3][-2:] == ("--plain-from", str(r / "t5" / "speedup.json"))
     empty = tmp_path / "none"
     assert gpu_runs.main([*argv[:2], "--res", str(empty), *argv[4:]], runner=FakeRunner()) == 1  # no trunk checkpoint
+    run, more = Trunk(), ("trainer.profile_steps=[200,202]", "trainer.log_every=20")
+    assert gpu_runs.main([*argv[:2], "--res", str(tmp_path / "more"), *argv[4:], "--trainer-args", *more], runner=run) == 0
+    assert run.argvs[0][-2:] == more and run.argvs[1][-2:] == more  # the trunk's and the branch's
 
 
 def test_the_budgets_stable_share_is_h200_qualitys_schedule():

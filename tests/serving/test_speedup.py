@@ -409,6 +409,13 @@ def test_a_second_export_takes_the_target_alone_from_the_first_ones_results(tmp_
     assert calls == [PLAIN, "6/1/7", "6/1/7"]  # the target alone ran once, for the first export
     assert data["runs"][PLAIN] == json.loads((tmp_path / "a.json").read_text())["runs"][PLAIN]
     assert data["plain_from"] == str(tmp_path / "a.json") and analyse(data["runs"])  # speedups against the taken run
+    thrice = Bench(**(vars(second) | {"repeats": 3}))  # a repeat count of its own: the same target-alone measurement
+    assert run_grid(thrice, [], tmp_path / "r.json", _decode, stand_in(calls), plain=tmp_path / "a.json")["runs"][PLAIN]
+    older = json.loads((tmp_path / "a.json").read_text())
+    del older["conditions"]["repeats"]  # measured before --repeats existed
+    (tmp_path / "old.json").write_text(json.dumps(older))
+    assert run_grid(second, [], tmp_path / "o.json", _decode, stand_in(calls), plain=tmp_path / "old.json")["runs"][PLAIN]
+    assert calls == [PLAIN, "6/1/7", "6/1/7"]
     other = Bench(**(vars(second) | {"max_new_tokens": 64}))
     with pytest.raises(ValueError, match="a.json was measured under other conditions \\(max_new_tokens differ\\)"):
         run_grid(other, ["6/1/7"], tmp_path / "c.json", _decode, stand_in(calls), plain=tmp_path / "a.json")
