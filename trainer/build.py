@@ -108,8 +108,7 @@ def build(cfg: Config, par: Parallel, ckpt_root: Path) -> Built:
     if resume_from:
         check_resume(cfg, resume_from, identity.fingerprint(built))  # before anything is built to the checkpoint's shapes
     vocab = VocabMap.load(resume_from / ckpt.VOCAB_FILE) if resume_from else built
-    d2t, t2d = vocab.draft_to_target.to(par.device), vocab.t2d.to(par.device)
-    labeler = TargetLabeler(head.lm_head_weight, d2t, t2d, cfg.draft.label_topk, cfg.draft.label_topk_weight)
+    labeler = TargetLabeler(head.lm_head_weight, vocab.draft_to_target.to(par.device), vocab.t2d.to(par.device))
     total, clock = total_steps(cfg, data, loader, par), RunClock(cfg.trainer.max_time_s)
     return Built(
         dtype=dtype,

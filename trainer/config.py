@@ -43,8 +43,6 @@ class DraftConfig:
     vocab_size: int = 32000  # at most the target vocab (a larger one is refused)
     ttt_steps: int = 7  # draft positions unrolled per training step (test-time training)
     step_decay: float = 0.8  # the loss weight of TTT position k is step_decay^k
-    label_topk: int = 0  # HASS's top-K distillation: the target's K likeliest draft tokens weigh more in the loss; 0: off
-    label_topk_weight: float = 10.0  # their extra weight: CE(p) + w * CE(p on the top K) (HASS: 1.0 over a 0.1 soft CE)
     norm_output: bool = False  # false: SGLang feeds the draft its pre-norm output back at draft steps > 0
     intermediate_size: Optional[int] = None  # the draft MLP's width; None: the target's
     compile_pointwise: Optional[bool] = None  # RMSNorm, SiLU x up, RoPE through torch.compile; None: on a CUDA trainer
@@ -53,8 +51,6 @@ class DraftConfig:
     def __post_init__(self) -> None:
         _require(self.vocab_size > 0, "draft.vocab_size", "must be positive")
         _require(self.intermediate_size is None or self.intermediate_size > 0, "draft.intermediate_size", "must be positive or null")
-        _require(0 <= self.label_topk <= self.vocab_size, "draft.label_topk", f"must lie in [0, draft.vocab_size={self.vocab_size}]")
-        _require(self.label_topk_weight >= 0, "draft.label_topk_weight", "must be >= 0")
         _require(self.ttt_steps >= 1, "draft.ttt_steps", "must be >= 1")
         _require(0 < self.step_decay <= 1, "draft.step_decay", "must be in (0, 1]")
 

@@ -50,15 +50,6 @@ def target_labels(final: Tensor, lm_head: Tensor, draft_ids: Tensor, t2d: Tensor
     return TargetLabels(probs=probs, in_draft=t2d[best_idx], argmax=best_idx)
 
 
-@torch.no_grad()
-def emphasize_topk(probs: Tensor, k: int, weight: float) -> Tensor:
-    """HASS's top-K distillation folded into the soft labels, in place: the soft cross-entropy against the
-    returned ``probs`` [B, T, V_d] is CE(p) + ``weight`` * (the CE over the target's ``k`` likeliest draft tokens alone),
-    because each top-``k`` probability is scaled by 1 + ``weight``."""
-    idx = probs.topk(k, dim=-1).indices  # [B, T, k]
-    return probs.scatter_(-1, idx, probs.gather(-1, idx) * (1 + weight))
-
-
 def shift_left(x: Tensor, n: int) -> Tensor:
     """x[:, n:] padded with zeros at the end back to x's length (dim 1)."""
     if n == 0:
@@ -135,14 +126,9 @@ class TargetLabeler:
     lm_head: Tensor  # [V, H] the target's lm_head weight
     draft_to_target: Tensor  # [V_d] target id of each draft id
     t2d: Tensor  # [V] bool, target id is a draft token
-    topk: int = 0  # draft.label_topk (0: the soft labels as they are)
-    topk_weight: float = 0.0  # draft.label_topk_weight
 
     def input_for(self, fb: FeatureBatch) -> TTTInput:
-        labels = target_labels(fb.final, self.lm_head, self.draft_to_target, self.t2d)
-        if self.topk:
-            labels.probs = emphasize_topk(labels.probs, self.topk, self.topk_weight)
-        return TTTInput(fb, labels, self.draft_to_target)
+        return TTTInput(fb, target_labels(fb.final, self.lm_head, self.draft_to_target, self.t2d), self.draft_to_target)
 
 
 class TTTObjective(nn.Module):

@@ -1,7 +1,6 @@
 """The fast TTT unroll against a plain reference that recomputes every step from scratch."""
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -9,8 +8,7 @@ import torch.nn.functional as F
 
 from models.draft import Eagle3Draft
 from tests.fixtures.tiny import TINY_DRAFT
-from trainer.soft_ce import soft_cross_entropy
-from trainer.ttt import TargetLabeler, emphasize_topk, shift_left, simulated_accept_length, step_valid, target_labels, ttt_unroll
+from trainer.ttt import shift_left, simulated_accept_length, step_valid, target_labels, ttt_unroll
 
 
 def _rope(x, positions, theta):
@@ -129,33 +127,6 @@ def test_target_labels_chunked_equals_full():
     torch.testing.assert_close(labels.probs, full[..., draft_ids].softmax(-1))
 
 
-def test_the_top_k_emphasis_is_hass_top_k_distillation_added_to_the_soft_cross_entropy():
-    """CE against the emphasized labels = CE(p) + w * (-sum over the target's top k of p log q), HASS's topk_loss."""
-    torch.manual_seed(2)
-    logits, target = torch.randn(2, 6, 40), torch.randn(2, 6, 40)
-    p = target.softmax(-1)
-    k, w = 5, 3.0
-    emphasized = soft_cross_entropy(logits, emphasize_topk(p.clone(), k, w), 0)
-    logq = logits.log_softmax(-1)
-    top = p.topk(k, dim=-1).indices
-    hass = -(p.gather(-1, top) * logq.gather(-1, top)).sum(-1)
-    torch.testing.assert_close(emphasized, soft_cross_entropy(logits, p, 0) + w * hass, rtol=1e-5, atol=1e-5)
-    assert torch.equal(emphasize_topk(p.clone(), k, 0.0), p)  # weight 0: the plain soft labels
-
-
-def test_the_labeler_emphasizes_the_top_k_only_when_asked():
-    torch.manual_seed(3)
-    fb = SimpleNamespace(final=torch.randn(1, 4, 16))
-    lm_head, draft_ids = torch.randn(50, 16), torch.arange(0, 50, 2)
-    t2d = torch.zeros(50, dtype=torch.bool)
-    t2d[draft_ids] = True
-    plain = TargetLabeler(lm_head, draft_ids, t2d).input_for(fb).labels
-    hass = TargetLabeler(lm_head, draft_ids, t2d, topk=3, topk_weight=1.0).input_for(fb).labels
-    torch.testing.assert_close(plain.probs.sum(-1), torch.ones(1, 4))
-    torch.testing.assert_close(hass.probs.sum(-1), 1 + plain.probs.topk(3, dim=-1).values.sum(-1))
-    assert torch.equal(hass.argmax, plain.argmax) and torch.equal(hass.in_draft, plain.in_draft)
-
-
 def test_simulated_accept_length():
     assert simulated_accept_length([1.0, 1.0, 1.0]) == 3.0
     assert simulated_accept_length([0.5, 0.5]) == pytest.approx(0.5 + 0.25)
@@ -251,17 +222,3 @@ def test_soft_cross_entropy_spans_rows_and_matches_the_explicit_form(b, t, shift
         torch.autograd.grad((current * weight).sum(), logits)[0], torch.autograd.grad((baseline * weight).sum(), logits)[0]
     )
     assert len(list(soft_ce._spans(b, t, shift, chunk))) == -(-max(b * t - shift, 0) // chunk)
-
-
-@pytest.mark.slow
-def test_a_run_with_draft_label_topk_trains_on_the_emphasized_labels(tmp_path):
-    from tests.fixtures.tiny import tiny_config
-    from trainer.loop import Trainer
-
-    trainer = Trainer(tiny_config("trainer.max_steps=2", "draft.label_topk=3", "draft.label_topk_weight=2.0"), tmp_path)
-    try:
-        assert (trainer.built.labeler.topk, trainer.built.labeler.topk_weight) == (3, 2.0)
-        trainer._train()
-        assert trainer.state.step == 2
-    finally:
-        trainer.close()
