@@ -3,12 +3,17 @@
 The traced steps are whole loop iterations: the wait for the target's features, labels, the TTT forward,
 backward, the optimizer and every component after it. The run dir's ``profile/`` gets, from the main rank:
 
-  kernels.txt   the operators and kernels by their own time (device time on a GPU, CPU time on a CPU), the
+  kernels.txt   the operators and kernels by their own device time on a GPU, by their total time on a CPU; the
                 ``labels`` / ``ttt_forward`` / ``backward`` / ``optimizer`` ranges of ``trainer.ttt`` among them
-  trace.json    the Chrome trace (chrome://tracing, https://ui.perfetto.dev)
+  trace.json    the Chrome trace (chrome://tracing, https://ui.perfetto.dev), with the Python frames of every
+                operator: a host sync (cudaStreamSynchronize under aten::item, cudaDeviceSynchronize) shows the line
+                that asked for it
   summary.json  wall time a step, and on a GPU the kernels' busy time a step and its share of the wall
 
-A profiled run is slower over the traced steps; its throughput figures there are the profiler's, not the run's.
+A profiled run is slower over the traced steps; its throughput figures there are the profiler's, not the run's. On
+the H200 (torch 2.11) both profiled runs also stayed slower after LAST: 0.142-0.152 s a step against 0.133-0.138 s
+before FIRST and in an unprofiled run of the same recipe (docs/BENCHMARKS.md, section 28). Profile a run whose later
+throughput is not a figure you need.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pathlib import Path
 
 import torch
 from torch.autograd import DeviceType
+from torch.autograd.profiler_util import EventList
 from torch.profiler import ProfilerActivity, profile
 
 log = logging.getLogger(__name__)
@@ -41,7 +47,7 @@ class StepProfiler:
         step = self.state.step
         if step == self.first - 1 and self.prof is None:
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-            self.prof = profile(activities=activities)
+            self.prof = profile(activities=activities, with_stack=True)
             self.prof.start()
             self.started_s = time.perf_counter()
         elif step == self.last and self.prof is not None:
@@ -54,8 +60,9 @@ class StepProfiler:
     def write(self, prof: profile, wall_s: float) -> None:
         steps = self.last - self.first + 1
         on_gpu = self.device.type == "cuda"
-        averages = prof.key_averages()
-        key = "self_device_time_total" if on_gpu else "self_cpu_time_total"
+        frames = {e.name for e in prof.events() if e.is_python_function}  # they stay in the trace, not in the table
+        averages = EventList([a for a in prof.key_averages() if a.key not in frames], use_device="cuda" if on_gpu else None)
+        key = "self_device_time_total" if on_gpu else "cpu_time_total"  # on a CPU the ranges' own time goes to their frames
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "kernels.txt").write_text(averages.table(sort_by=key, row_limit=TABLE_ROWS) + "\n")
         prof.export_chrome_trace(str(self.out_dir / "trace.json"))

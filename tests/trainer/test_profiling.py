@@ -24,6 +24,8 @@ def _profiled_run(tmp_path, *overrides: str) -> dict:
     events = json.loads((out / "trace.json").read_text())["traceEvents"]
     host = [e for e in events if e.get("cat") == "user_annotation"]  # a GPU adds gpu_user_annotation twins
     assert sum(e["name"] == "ttt_forward" for e in host) == 2  # steps 2 and 3, not 1 or 4
+    frames = {e["name"] for e in events if e.get("cat") == "python_function"}
+    assert any(name.startswith("trainer/ttt.py(") and name.endswith("draft_step") for name in frames), sorted(frames)[:20]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == [2, 3] and summary["wall_ms_per_step"] > 0
     return summary
