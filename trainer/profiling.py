@@ -11,9 +11,9 @@ backward, the optimizer and every component after it. The run dir's ``profile/``
   summary.json  wall time a step, and on a GPU the kernels' busy time a step and its share of the wall
 
 A profiled run is slower over the traced steps; its throughput figures there are the profiler's, not the run's. On
-the H200 (torch 2.11) both profiled runs also stayed slower after LAST: 0.142-0.152 s a step against 0.133-0.138 s
-before FIRST and in an unprofiled run of the same recipe (docs/BENCHMARKS.md, section 28). Profile a run whose later
-throughput is not a figure you need.
+the H200 (torch 2.11) a profiled run also stayed slower after LAST: a median of 0.146 s a step against 0.134 s in an
+unprofiled run of the same recipe, both 0.133-0.138 s before FIRST (docs/BENCHMARKS.md, section 28). Profile a run
+whose later throughput is not a figure you need.
 """
 
 from __future__ import annotations
