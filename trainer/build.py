@@ -168,6 +168,8 @@ def deepspeed_config(cfg: Config, bf16: bool) -> dict:
         "zero_optimization": {"stage": cfg.deepspeed.zero_stage},
         "bf16": {"enabled": bf16},  # check_grad_overflow defaults on: a non-finite gradient skips the update
         "steps_per_print": 10**9,
+        # DeepSpeed's throughput timer synchronizes the device as each forward starts; the trainer times its own steps
+        "timers": {"throughput": {"enabled": False}},
     }
 
 
