@@ -33,7 +33,7 @@ from trainer.components import (
 from trainer.config import Config
 from trainer.dist import Parallel, init_parallel, resolve_device, shared_run_dir, synchronize
 from trainer.model_card import add_speedup
-from trainer.phases import END_EVAL, REPORT, SERVING_EVAL, SPEEDUP, TRAINING, UNTRAINED_EVAL, Stop, StopSignals
+from trainer.phases import END_EVAL, REPORT, SERVING_EVAL, SPEEDUP, TRAINING, START_EVAL, Stop, StopSignals
 from trainer.preflight import check_inputs
 from trainer.profiling import PROFILE_DIR, StepProfiler
 from trainer.report import metrics as M
@@ -143,20 +143,23 @@ class Trainer:
             )
 
     def fit(self) -> dict:
-        """Evaluate the untrained draft, train, export, evaluate again; returns the summary."""
-        start, resumed = time.perf_counter(), self.built.resume_from is not None
+        """Evaluate the draft the run starts from (untrained, or a resumed checkpoint's), train, export, evaluate
+        again; returns the summary."""
+        began, resumed = time.perf_counter(), self.built.resume_from is not None
         self.checkpointer.wandb_id = self.metrics.open(self.cfg, self.run_dir, self.checkpointer.wandb_id, resumed)
         try:
-            return self._fit(start)
+            return self._fit(began)
         except BaseException as e:  # end the wandb run as failed or stopped rather than leave it open
             self.metrics.finish(exit_code=self.signals.exit_code() if isinstance(e, Stop) else 1)
             raise
 
-    def _fit(self, start: float) -> dict:
-        self.signals.enter(UNTRAINED_EVAL)
-        untrained = None if self.built.resume_from else self.evaluate()
-        if untrained is not None:
-            self.metrics.log(untrained, 0)
+    def _fit(self, began: float) -> dict:
+        # before the clock runs: the first batches build kernels and wake the engine, so a resumed run, like a fresh
+        # one, leaves that warm-up out of trainer.max_time_s (an H200 resume without it spent 27 s of its clock there)
+        self.signals.enter(START_EVAL)
+        start = self.evaluate()
+        if not self.built.resume_from:  # a resumed run's history already has steps past 0
+            self.metrics.log(start, 0)
         try:
             self.signals.enter(TRAINING)
             self._train()
@@ -167,13 +170,13 @@ class Trainer:
         self.signals.enter(SERVING_EVAL)
         served, progress = self.validator.serve_eval(), self.metrics.progress()
         trained |= metrics_only(served)
-        summary = run_summary(self, time.perf_counter() - start, untrained, trained, served, progress)
+        summary = run_summary(self, time.perf_counter() - began, start, trained, served, progress)
         self.metrics.log(trained | progress, self.state.step)
         self.metrics.finish(summary)
         return summary
 
 
-def run_summary(trainer: Trainer, wall_s: float, untrained: dict | None, trained: dict, served: dict, progress: dict) -> dict:
+def run_summary(trainer: Trainer, wall_s: float, start: dict, trained: dict, served: dict, progress: dict) -> dict:
     """A finished run's ``summary.json``: what ``trainer`` trained, where it stopped, its evaluations and exports."""
     state, b = trainer.state, trainer.built
     return {
@@ -185,7 +188,7 @@ def run_summary(trainer: Trainer, wall_s: float, untrained: dict | None, trained
         "tokens_seen": int(progress[M.TOKENS_SEEN]),
         "eval_prompts": b.prompt_origin,
         "resumed_from": str(b.resume_from) if b.resume_from else None,
-        "untrained_eval_sim_accept_len": untrained[M.EVAL_SIM_ACCEPT] if untrained else None,
+        "start_eval_sim_accept_len": start[M.EVAL_SIM_ACCEPT],
         "eval_sim_accept_len": trained[M.EVAL_SIM_ACCEPT],
         "eval": trained,
         "nonfinite_skipped": state.nonfinite,

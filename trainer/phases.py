@@ -10,10 +10,10 @@ from pathlib import Path
 
 from trainer import checkpoint as ckpt
 
-STARTUP, UNTRAINED_EVAL, TRAINING = "start-up", "untrained-draft eval", "training"
+STARTUP, START_EVAL, TRAINING = "start-up", "start-of-run held-out eval", "training"
 END_EVAL, SERVING_EVAL, REPORT = "end-of-run held-out eval", "end-of-run export, verify and serving eval", "summary and report"
 SPEEDUP = "speedup measurement (trainer.speedup)"
-PHASES = (STARTUP, UNTRAINED_EVAL, TRAINING, END_EVAL, SERVING_EVAL, SPEEDUP, REPORT)
+PHASES = (STARTUP, START_EVAL, TRAINING, END_EVAL, SERVING_EVAL, SPEEDUP, REPORT)
 PERIODIC_EVAL = "serving eval between training steps (trainer.export_every)"  # a stop cuts it and the training short
 
 

@@ -184,7 +184,7 @@ def test_the_colocated_trainer_holds_no_target_model_and_trains_as_inprocess(tmp
     assert "LlamaForCausalLM" in inproc_models and coloc_models == set()  # the walk finds a held model when there is one
     assert inproc["serve_eval"] == "the in-process target" and coloc["serve_eval"].startswith("the target loaded for the eval")
     assert "eval/accept_len" in coloc["eval"] and coloc["eval"] == inproc["eval"]
-    assert coloc["untrained_eval_sim_accept_len"] == inproc["untrained_eval_sim_accept_len"]
+    assert coloc["start_eval_sim_accept_len"] == inproc["start_eval_sim_accept_len"]
     assert inproc_weights.keys() == coloc_weights.keys() and all(torch.equal(inproc_weights[k], coloc_weights[k]) for k in inproc_weights)
 
 

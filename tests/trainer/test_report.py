@@ -44,7 +44,7 @@ SUMMARY = {
     "steps": 10,
     "wall_time_s": 12.5,
     "resumed_from": None,
-    "untrained_eval_sim_accept_len": 0.0,
+    "start_eval_sim_accept_len": 0.0,
     "eval_sim_accept_len": 0.6,
     "eval": _eval_row(0.6),
     "nonfinite_skipped": 0,
@@ -195,7 +195,9 @@ def test_format_summary_lists_figures_and_paths():
         "/runs/a/report/report.md",
     ):
         assert fragment in text, fragment
-    assert "n/a (resumed)" in format_summary(SUMMARY | {"untrained_eval_sim_accept_len": None})
+    assert "0.000 -> 0.600  (untrained -> trained)" in text
+    resumed = SUMMARY | {"resumed_from": "/runs/t/checkpoints/step_4", "start_eval_sim_accept_len": 0.41}
+    assert "0.410 -> 0.600  (resumed -> trained)" in format_summary(resumed)
     assert re.search(r"\nstopped by +trainer\.max_time_s\n", format_summary(SUMMARY | {"stopped_by": "trainer.max_time_s"}))
     assert re.search(r"\ntrainer ranks +2\n", format_summary(SUMMARY | {"ranks": 2}))
     served = SUMMARY["eval"] | {"eval/accept_len": 2.5, "eval/accept_len_se": 0.125}

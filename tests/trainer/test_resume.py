@@ -77,10 +77,12 @@ def test_resume_continues_bitwise(build, tmp_path):
 
 def test_the_time_budget_counts_over_a_resume_and_drives_the_decay(build, tmp_path):
     """trainer.max_time_s counts the seconds trained before a resume: a run resumed past half its budget
-    stops after one step, and the wsd schedule's LR is at its floor from the resumed clock on."""
+    stops after one step, and the wsd schedule's LR is at its floor from the resumed clock on. The resumed
+    draft is evaluated before its clock runs again, as a fresh run's untrained draft is (that eval's first
+    batches hold the warm-up a first step would otherwise count), and it is the draft the first run ended with."""
     wsd = ["schedule=wsd", "schedule.decay_ratio=1.0", "schedule.min_lr_ratio=0.1"]
     first = build(tiny_config("trainer.max_steps=2", *wsd), tmp_path)
-    first.fit()
+    ended = first.fit()
     spent = ckpt.read_meta(tmp_path / "checkpoints" / "step_2")["position"]["train_s"]
     assert spent > 0 and spent == pytest.approx(first.state.train_s)
     again = ["trainer.max_steps=50", "trainer.resume=auto", "trainer.resume_allow=[schedule]", f"trainer.max_time_s={spent / 2}"]
@@ -88,6 +90,7 @@ def test_the_time_budget_counts_over_a_resume_and_drives_the_decay(build, tmp_pa
     assert resumed.state.train_s == spent and resumed.built.clock.time_frac == pytest.approx(2.0)
     summary = resumed.fit()
     assert summary["steps"] == 3 and summary["stopped_by"] == "trainer.max_time_s"
+    assert summary["start_eval_sim_accept_len"] == ended["eval_sim_accept_len"]
     lr = {r["step"]: r["train/lr"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if "train/lr" in r}
     assert lr[3] == pytest.approx(resumed.cfg.schedule.lr * 0.1)  # by steps alone (3 of 50) it would be 0.94 x lr
 
@@ -346,7 +349,7 @@ def test_a_signal_at_start_up_stops_with_nothing_to_keep(tmp_path, monkeypatch, 
         signal.signal(signal.SIGTERM, previous)
     assert stopped.value.code == 128 + signal.SIGTERM
     err = capsys.readouterr().err
-    assert "stopped by SIGTERM during the start-up: skipped the rest of the start-up; untrained-draft eval; training;" in err
+    assert "stopped by SIGTERM during the start-up: skipped the rest of the start-up; start-of-run held-out eval; training;" in err
     assert "No checkpoint yet: run the same command again" in err and not (tmp_path / "checkpoints").exists()
 
 

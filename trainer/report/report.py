@@ -50,9 +50,8 @@ def _accept(summary: dict) -> str | None:
     trained = summary.get("eval_sim_accept_len")
     if trained is None:
         return None
-    untrained = summary.get("untrained_eval_sim_accept_len")
-    before = "n/a (resumed)" if untrained is None else fmt(untrained)
-    return f"{before} -> {fmt(trained)}  (untrained -> trained)"
+    start = "resumed" if summary.get("resumed_from") else "untrained"
+    return f"{fmt(summary['start_eval_sim_accept_len'])} -> {fmt(trained)}  ({start} -> trained)"
 
 
 def _tau(evals: dict) -> str | None:
