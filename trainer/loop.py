@@ -33,7 +33,7 @@ from trainer.components import (
 from trainer.config import Config
 from trainer.dist import Parallel, init_parallel, resolve_device, shared_run_dir, synchronize
 from trainer.model_card import add_speedup
-from trainer.phases import END_EVAL, REPORT, SERVING_EVAL, SPEEDUP, TRAINING, START_EVAL, Stop, StopSignals
+from trainer.phases import END_EVAL, REPORT, SERVING_EVAL, SPEEDUP, START_EVAL, TRAINING, Stop, StopSignals
 from trainer.preflight import check_inputs
 from trainer.profiling import PROFILE_DIR, StepProfiler
 from trainer.report import metrics as M
