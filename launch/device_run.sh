@@ -28,7 +28,8 @@
 #                                                   # other, then their speedups against one target-alone run
 #   launch/device_run.sh budget CORPORA_DIR --answered A --sampled S [--minutes 5 10] [--trainer-args O...]
 #                                                   # tau against training time: one wsd trunk, the shorter budgets'
-#                                                   # decays resumed from its kept checkpoints, their speedups
+#                                                   # decays resumed from its kept checkpoints, their speedups, the
+#                                                   # plot (RES/budget.png, launch/budget_plot.py)
 #   launch/device_run.sh study CORPORA_DIR          # data size x LR regime on --recipe NAME's answers (waits for them);
 #                                                   # --steps, --parallel (on each device), --devices, --threads
 #   launch/device_run.sh genbench                   # generation speeds (transformers, SGLang; 1-4 replicas; --variants)

@@ -516,7 +516,12 @@ def budget(a: argparse.Namespace, steps: Steps) -> None:
         resume = f"trainer.resume={kept_checkpoint(a.res / trunk / 'run' / 'checkpoints', mark)}"
         branch = (f"trainer.max_time_s={m * 60:g}", resume, *same_data, *a.trainer_args)
         steps.run(carried_training_step(a.res, a.corpora, a, f"t{m:g}", branch))
-    measure_exports(a, steps, [f"t{m:g}" for m in minutes])
+    names = [f"t{m:g}" for m in minutes]
+    measure_exports(a, steps, names)
+    measured = [str(a.res / n) for n in names if (a.res / n / "speedup.json").is_file()]
+    if measured:  # τ against the minutes trained: RES/budget.json, RES/budget.png
+        plot = ("--out", str(a.res / "budget"), "--setting", a.settings[0], "--concurrency", str(a.concurrency[0]))
+        steps.run(Step(f"{a.sequence}: tau against training time", (PYTHON, "launch/budget_plot.py", *plot, *measured)))
 
 
 def genbench(a: argparse.Namespace, steps: Steps) -> None:

@@ -484,6 +484,8 @@ def test_budget_runs_one_trunk_then_each_shorter_decay_from_its_kept_checkpoint(
             out = Path(step.argv[step.argv.index("--out") + 1]) if "--out" in step.argv else None
             if out is not None:
                 (out / "run" / "export" / "sglang").mkdir(parents=True)
+            if step.name.endswith("speedup"):
+                Path(step.argv[step.argv.index("--json") + 1]).write_text("{}")
             if out is not None and out.name == "t10":
                 for n, spent, kept in ((1900, 239.0, True), (2000, 240.2, True), (2100, 260.0, False)):
                     d = out / "run" / "checkpoints" / f"step_{n}"
@@ -501,7 +503,9 @@ def test_budget_runs_one_trunk_then_each_shorter_decay_from_its_kept_checkpoint(
     same = (f"data.sources.openai.path={r / 't10' / 'answered.jsonl'}", f"data.sources.sampled.path={r / 't10' / 'sampled.jsonl'}")
     assert run.argvs[0] == (*trunk, "trainer.max_time_s=600", "trainer.checkpoint_at_s=[240]")
     assert run.argvs[1] == (*branch, "trainer.max_time_s=300", resume, *same)  # the trunk's data, which the resume checks
-    assert [s.name for s in run.steps[2:]] == ["budget: t5 speedup", "budget: t10 speedup"]
+    assert [s.name for s in run.steps[2:]] == ["budget: t5 speedup", "budget: t10 speedup", "budget: tau against training time"]
+    plot = ("launch/budget_plot.py", "--out", str(r / "budget"), "--setting", "6/1/7", "--concurrency", "1")
+    assert run.argvs[4] == (PYTHON, *plot, str(r / "t5"), str(r / "t10"))
     assert run.argvs[2][run.argvs[2].index("--settings") :][:4] == ("--settings", "6/1/7", "--concurrency", "1")
     assert run.argvs[3][-2:] == ("--plain-from", str(r / "t5" / "speedup.json"))
     empty = tmp_path / "none"
