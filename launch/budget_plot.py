@@ -45,14 +45,14 @@ def read_run(run_dir: Path, setting: str, concurrency: int) -> list[Point]:
     """``run_dir``'s τ for ``setting`` at ``concurrency``, one point a held-out file; ValueError naming what is missing."""
     summary_path = _one(run_dir, ("summary.json", "run/summary.json"))
     summary = json.loads(summary_path.read_text())
-    missing = [k for k in ("train_time_s", "steps") if k not in summary]
+    missing = [k for k in ("train_time_s", "steps", "resumed_from") if k not in summary]
     if missing:
         raise ValueError(f"{summary_path}: no {', '.join(missing)} (not the summary of a finished run)")
     results_path = _one(run_dir, ("speedup.json", "speedup.json.gz"))
     rows = [r for r in read_results(results_path)["rows"] if r["setting"] == setting and r["concurrency"] == concurrency]
     if not rows:
         raise ValueError(f"{results_path}: no row of setting {setting} at concurrency {concurrency}")
-    minutes, resumed = summary["train_time_s"] / 60, summary.get("resumed_from") is not None
+    minutes, resumed = summary["train_time_s"] / 60, summary["resumed_from"] is not None
     return [Point(run_dir.name, minutes, summary["steps"], resumed, r["set"], r["tau"], r["tau_se"]) for r in rows]
 
 
