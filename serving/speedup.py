@@ -67,6 +67,8 @@ PAGED_TREE_BACKENDS = ("flashinfer", "fa3", "triton")  # topk > 1 with page_size
 # the conditions --plain-from does not compare: the target alone does not read the export, and a level decoded N
 # times reports its median-time repeat, the measurement of one decode (files from before --repeats lack the key)
 PLAIN_FROM_FREE = ("export", "export_weights", "repeats")
+# the engine options set to the top of --concurrency: the largest batch the engine admits and captures a graph for
+TOP_CONCURRENCY_OPTIONS = ("max_running_requests", "cuda_graph_max_bs_decode")
 
 
 class SettingFailed(RuntimeError):
@@ -319,8 +321,7 @@ def engine_settings(args: argparse.Namespace) -> dict:
         "attention_backend": args.attention_backend,
         "page_size": args.page_size,
         "mem_fraction_static": args.mem_fraction_static,
-        "max_running_requests": top,
-        "cuda_graph_max_bs_decode": top,
+        **{option: top for option in TOP_CONCURRENCY_OPTIONS},
         "disable_prefill_cuda_graph": not args.prefill_graph,
         "enable_deterministic_inference": args.deterministic,
         "enable_fp32_lm_head": args.fp32_lm_head,

@@ -9,7 +9,10 @@ BASE's on the same prompt, ± the standard error of that mean. Pairing takes the
 of the difference, so it resolves what the two τ ± their standard errors cannot (the same prompt is easy
 or hard for either draft). A mean of per-request τ weights each prompt once, so it sits above the
 token-weighted τ of ``serving.speedup``'s table. Files measured on other prompts, another target,
-other new tokens or other engine options are refused by name.
+other new tokens or other engine options are refused by name. Files measured with other ``--concurrency``
+lists differ in their prompts' hash and in the engine options that follow the list's top; a level of theirs
+is paired when both files hold the target alone's outputs there and those agree output for output (the same
+prompts, decoded the same way), and a level whose outputs disagree is named and left out.
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from serving.speedup import TOP_CONCURRENCY_OPTIONS
 from serving.speedup_report import PLAIN, read_results, write_json
 from serving.usage import PlainHelp
 
-SAME = ("prompts", "target", "max_new_tokens", "engine")  # the conditions a paired comparison needs equal
+SAME = ("target", "max_new_tokens")  # conditions a paired comparison needs equal, beside the engine options and the prompts
 
 
 def request_taus(level: dict) -> list[float | None]:
@@ -46,21 +50,54 @@ def paired(base: list[float | None], other: list[float | None]) -> dict:
     return {"pairs": len(pairs)} | means | {"diff": mean(diffs), "diff_se": se}
 
 
+def engine_options(conditions: dict) -> dict:
+    """The engine options that do not follow the top of the file's ``--concurrency``."""
+    return {k: v for k, v in conditions.get("engine", {}).items() if k not in TOP_CONCURRENCY_OPTIONS}
+
+
+def plain_outputs(data: dict, set_name: str, c: str) -> list[list[int]] | None:
+    """The target alone's output ids at one level, in prompt order; None where the file holds none."""
+    level = data["runs"].get(PLAIN, {}).get("sets", {}).get(set_name, {}).get(c)
+    if level is None:
+        return None
+    outputs = [r.get("output_ids") for r in level["requests"]]
+    return None if any(o is None for o in outputs) else outputs
+
+
+def same_prompts(base: dict, other: dict, set_name: str, c: str) -> bool:
+    """Whether both files decoded this level on the same prompts: their prompts' hash agrees, or the target
+    alone's outputs there agree output for output."""
+    if base["conditions"].get("prompts") == other["conditions"].get("prompts"):
+        return True
+    theirs = plain_outputs(base, set_name, c)
+    return theirs is not None and theirs == plain_outputs(other, set_name, c)
+
+
 def compare(base_path: Path, base: dict, other_path: Path, other: dict) -> list[dict]:
-    """One row per draft setting, prompt set and concurrency that both files measured."""
+    """One row per draft setting, prompt set and concurrency that both files measured on the same prompts."""
     changed = [k for k in SAME if base["conditions"].get(k) != other["conditions"].get(k)]
+    changed += ["engine"] if engine_options(base["conditions"]) != engine_options(other["conditions"]) else []
     if changed:
         raise ValueError(f"{other_path} was measured under other conditions than {base_path} ({', '.join(changed)} differ)")
-    rows = []
+    rows, unpaired = [], []
     for name, run in other["runs"].items():
         if name == PLAIN or name not in base["runs"]:
             continue
         for set_name, levels in run["sets"].items():
             for c, level in levels.items():
                 theirs = base["runs"][name]["sets"].get(set_name, {}).get(c)
-                if theirs is not None:
-                    row = {"other": str(other_path), "setting": name, "set": set_name, "concurrency": int(c)}
-                    rows.append(row | paired(request_taus(theirs), request_taus(level)))
+                if theirs is None:
+                    continue
+                if not same_prompts(base, other, set_name, c):
+                    unpaired.append(f"{name} {set_name} c={c}")
+                    continue
+                row = {"other": str(other_path), "setting": name, "set": set_name, "concurrency": int(c)}
+                rows.append(row | paired(request_taus(theirs), request_taus(level)))
+    why = "the prompts' hashes differ and the target alone's outputs there do not agree"
+    if unpaired and not rows:
+        raise ValueError(f"{other_path} and {base_path}: no level measured on the same prompts ({why}: {', '.join(unpaired)})")
+    if unpaired:
+        print(f"{other_path}: not paired with {base_path}: {', '.join(unpaired)} ({why})", file=sys.stderr)
     if not rows:
         raise ValueError(f"{other_path} and {base_path} share no draft setting, prompt set and concurrency")
     return rows

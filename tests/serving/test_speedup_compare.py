@@ -76,7 +76,7 @@ def test_one_pair_has_no_standard_error_and_none_no_difference(tmp_path):
     assert none["pairs"] == 0 and all(math.isnan(none[k]) for k in ("diff", "diff_se", "base_mean_tau", "other_mean_tau"))
 
 
-@pytest.mark.parametrize("key, value", [("prompts", "xyz"), ("max_new_tokens", 64), ("engine", {"attention_backend": "fa3"})])
+@pytest.mark.parametrize("key, value", [("target", "/u"), ("max_new_tokens", 64), ("engine", {"attention_backend": "fa3"})])
 def test_files_of_other_conditions_are_refused_by_name(tmp_path, capsys, key, value):
     runs = {"6/1/7": tree({"s": {"1": level([2.0, 3.0])}})}
     base = results(tmp_path / "a.json", runs)
@@ -84,6 +84,39 @@ def test_files_of_other_conditions_are_refused_by_name(tmp_path, capsys, key, va
     assert main([str(base), str(other)]) == 2
     err = capsys.readouterr().err
     assert f"{other} was measured under other conditions than {base} ({key} differ)" in err
+
+
+def plain_level(outputs: list[list[int]]) -> dict:
+    """The target alone's level with these output ids."""
+    return {"wall_s": 1.0, "requests": [{"tokens": len(o), "verify_ct": len(o), "output_ids": o} for o in outputs]}
+
+
+def test_other_concurrency_lists_pair_where_the_target_alone_agrees_and_name_the_rest(tmp_path, capsys):
+    # base measured concurrency 1 and 16, other 1 alone: other prompt hashes, other top-concurrency engine options
+    base_plain = tree({"s": {"1": plain_level([[1, 2], [3]]), "16": plain_level([[1, 2], [3]])}, "t": {"1": plain_level([[5]])}})
+    base_chain = tree({"s": {"1": level([2.0, 3.0]), "16": level([2.0, 3.0])}, "t": {"1": level([2.0])}})
+    engine = {"attention_backend": "triton", "max_running_requests": 16, "cuda_graph_max_bs_decode": 16}
+    base = results(tmp_path / "a.json", {"plain": base_plain, "6/1/7": base_chain}, engine=engine)
+    other_plain = tree({"s": {"1": plain_level([[1, 2], [3]])}, "t": {"1": plain_level([[6]])}})
+    other_chain = tree({"s": {"1": level([3.0, 4.0])}, "t": {"1": level([3.0])}})
+    one = engine | {"max_running_requests": 1, "cuda_graph_max_bs_decode": 1}
+    other = results(tmp_path / "b.json", {"plain": other_plain, "6/1/7": other_chain}, prompts="def", engine=one)
+    out = tmp_path / "rows.json"
+    assert main([str(base), str(other), "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert (row["set"], row["concurrency"], row["diff"]) == ("s", 1, pytest.approx(1.0))
+    err = capsys.readouterr().err
+    assert f"{other}: not paired with {base}: 6/1/7 t c=1 (the prompts' hashes differ" in err
+
+
+@pytest.mark.parametrize("other_outputs", [[[9, 9], [3]], None])
+def test_other_prompts_are_refused_when_no_level_of_the_target_alone_agrees(tmp_path, capsys, other_outputs):
+    chain = tree({"s": {"1": level([2.0, 3.0])}})
+    base = results(tmp_path / "a.json", {"plain": tree({"s": {"1": plain_level([[1, 2], [3]])}}), "6/1/7": chain})
+    runs = {"6/1/7": chain} | ({"plain": tree({"s": {"1": plain_level(other_outputs)}})} if other_outputs else {})
+    other = results(tmp_path / "b.json", runs, prompts="def")
+    assert main([str(base), str(other)]) == 2
+    assert f"{other} and {base}: no level measured on the same prompts" in capsys.readouterr().err
 
 
 def test_another_export_of_the_same_conditions_is_compared(tmp_path):
