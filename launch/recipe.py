@@ -44,6 +44,7 @@ from trainer.datagen.replicas import open_generator
 from trainer.regenerate import generation_meta, prompt_conversations, regenerate, unanswered
 
 PHASES = ("generation", "training")
+# a sampled answer for evals, codeio and chitchat too changed τ by -0.05 +- 0.06 / +0.02 +- 0.07 (docs/BENCHMARKS.md, section 30)
 SAMPLED_SOURCES = ("sharegpt", "sharegpt_followups")
 HELDOUT = ("sharegpt", "codeio", "evals")
 GRID_PHASE = "speedup grid"  # --grid: the lease's experiment, not the recipe's time
