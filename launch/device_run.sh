@@ -25,7 +25,8 @@
 #   launch/device_run.sh baseline CORPORA_DIR       # the embedded default recipe, tau on the same held-out files
 #   launch/device_run.sh sweep CORPORA_DIR --answered A --sampled S --variant NAME [OVERRIDE...] ...
 #                                                   # draft variants of the recipe on carried answers, one after the
-#                                                   # other, then their speedups against one target-alone run
+#                                                   # other (--side-by-side: at once, each started once the one before
+#                                                   # built its engine), then their speedups against one target-alone run
 #   launch/device_run.sh budget CORPORA_DIR --answered A --sampled S [--minutes 5 10] [--trainer-args O...]
 #                                                   # tau against training time: one wsd trunk, the shorter budgets'
 #                                                   # decays resumed from its kept checkpoints, their speedups, the

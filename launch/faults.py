@@ -59,6 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout: no install needed
 
 from launch.gpu_runs import is_progress  # noqa: E402
+from trainer.stream.engine_process import TARGET_BUILT  # noqa: E402
 
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "LOCAL_WORLD_SIZE")  # each run sets up its own
 GPU_FIRST_TOLERANCE, GPU_TOLERANCE = 1e-3, 2e-2  # relative loss differences a bf16 GPU resume may show (docs/RELIABILITY.md)
@@ -85,7 +86,6 @@ OOM_FRACTION = ["engine.sglang.mem_fraction_static=0.99", "engine.sglang.max_tot
 FAULTS = ("engine_kill", "engine_stop", "trainer_kill", "nan", "oom_pool", "oom_fraction", "regen_kill", "regen_kill_sampled")
 MESSAGE_MARKS = ("the engine process ", "error: ", "stopped by ")  # the first line of what the trainer says when it stops
 CRASH_MARKS = (*MESSAGE_MARKS, "Traceback (most recent call last)", "torch.OutOfMemoryError", "Error executing job")
-STARTED = re.compile(r"^the engine process \d+ \(.*\): target built in ")  # the engine's start, no message
 RANK = re.compile(r"^\[rank\d+\]: ?")  # torch.distributed's prefix on a rank's traceback lines
 
 # python -c programs: the trainer with NaN features in engine batch argv[1]; regenerate that writes half a line
@@ -286,7 +286,7 @@ class Leg:
         """The lines from the first one at or after ``since`` that starts with one of ``marks`` (the engine's start
         line aside), and when it came."""
         lines = [(t, RANK.sub("", line)) for t, line in self.lines if t >= since]
-        first = next((k for k, (_, line) in enumerate(lines) if line.startswith(tuple(marks)) and not STARTED.match(line)), None)
+        first = next((k for k, (_, line) in enumerate(lines) if line.startswith(tuple(marks)) and not TARGET_BUILT.match(line)), None)
         if first is None:
             return [], None
         return [line for _, line in lines[first:] if not is_progress(line)][:40], lines[first][0]

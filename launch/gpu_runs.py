@@ -9,7 +9,8 @@ and ``dp`` train on its greedy answers, ``RES/NAME/answered.jsonl``.
 - ``recipe CORPORA [ARGS]``: ``launch/recipe.py --corpora CORPORA --out RES/NAME ARGS`` (ARGS are its own).
 - ``sweep CORPORA --answered A --sampled S --variant NAME [OVERRIDE...] ...``: the recipe's training
   (``h200_quality`` on the carried answers A and S, capped at ``--steps``, its own speedup phase off) once per
-  variant, one after the other (``RES/NAME``), then ``serving.speedup`` on each export with ``--settings`` at
+  variant, one after the other (``RES/NAME``; ``--side-by-side``: at once, each started once the one before has built
+  its target engine), then ``serving.speedup`` on each export with ``--settings`` at
   ``--concurrency`` on the held-out ShareGPT and code files: the target alone is measured with the first export
   measured and taken from its results for the others, so the drafts share one baseline (``--plain-from FILE``:
   taken from that results file for all of them).
@@ -54,6 +55,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -63,6 +65,7 @@ from typing import IO
 from serving.usage import PlainHelp
 from trainer.checkpoint import is_complete, read_meta
 from trainer.corpora import leak_checked_files
+from trainer.stream.engine_process import TARGET_BUILT
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -73,6 +76,7 @@ KINDS = ("one-ga1", "one", "two")
 RUNS = tuple(f"{engine}-{kind}" for engine in DP_ENGINES for kind in KINDS)
 WARMUP_STEPS = 5  # dp medians and rates are over the steps past these
 STABLE_SHARE = 0.8  # h200_quality's wsd holds its LR until this share of trainer.max_time_s (1 - schedule.decay_ratio)
+POLL_S = 2.0  # how often a side-by-side start looks at the step before it
 GEN_VARIANTS = ("hf-b256", "hf-b256-r4", "sglang", "sglang-r2", "sglang-r4")
 SCRATCH = Path("/tmp")  # where the memory bench writes its temporary 8B-shaped checkpoint
 DS_LAUNCHER = ("-c", "import sys; from deepspeed.launcher.runner import main; sys.exit(main())", "--num_gpus", "2", "--no_local_rank")
@@ -120,7 +124,30 @@ class Steps:
 
     def run(self, step: Step) -> None:
         print(f"== {step.name}: {shlex.join(step.argv)}", flush=True)
-        code = self.runner(step)
+        self.finish(step, self.runner(step))
+
+    def run_side_by_side(self, steps: Sequence[Step], started: Callable[[Step], bool]) -> None:
+        """The steps at once, each started once the one before has ``started`` (or ended), then all waited for and
+        finished in order. A runner that raised counts as exit code 1 (its traceback is printed as it happens)."""
+        codes: dict[str, int] = {}
+
+        def run_one(step: Step) -> None:
+            codes[step.name] = self.runner(step)
+
+        threads = []
+        for step in steps:
+            print(f"== {step.name}: {shlex.join(step.argv)}", flush=True)
+            thread = threading.Thread(target=run_one, args=(step,), name=step.name)
+            thread.start()
+            threads.append(thread)
+            while thread.is_alive() and not started(step):
+                time.sleep(POLL_S)
+        for thread in threads:
+            thread.join()
+        for step in steps:
+            self.finish(step, codes.get(step.name, 1))
+
+    def finish(self, step: Step, code: int) -> None:
         if code in step.ok:
             for line in shown(step):
                 print(line, flush=True)
@@ -490,14 +517,27 @@ def study(a: argparse.Namespace, steps: Steps) -> None:
     steps.run(study_step(a.res, a.corpora, records, a.steps, a.parallel, a.devices, a.threads))
 
 
+def engine_built(log: Path, since: float) -> bool:
+    """Whether the training whose trainer log is ``log`` has built its target engine: the log written after
+    ``since`` (a time.time()) holds the engine's line."""
+    return log.is_file() and log.stat().st_mtime >= since and TARGET_BUILT.search(log.read_text(errors="replace")) is not None
+
+
 def sweep(a: argparse.Namespace, steps: Steps) -> None:
-    """Draft variants of the recipe, trained one after the other, then their speedups against one baseline."""
+    """Draft variants of the recipe, trained one after the other (``--side-by-side``: at once), then their speedups
+    against one baseline."""
     names = [v[0] for v in a.variant]
     if len(set(names)) != len(names):
         raise SystemExit(f"sweep: --variant names must differ, got {', '.join(names)}")
-    for name, *overrides in a.variant:
-        cap = (f"trainer.max_steps={a.steps}", "trainer.max_time_s=null")
-        steps.run(carried_training_step(a.res, a.corpora, a, name, (*cap, *overrides)))
+    cap = (f"trainer.max_steps={a.steps}", "trainer.max_time_s=null")
+    trainings = [carried_training_step(a.res, a.corpora, a, name, (*cap, *overrides)) for name, *overrides in a.variant]
+    if a.side_by_side:
+        since = time.time()
+        logs = {step.name: a.res / name / "train.log" for step, name in zip(trainings, names)}
+        steps.run_side_by_side(trainings, lambda step: engine_built(logs[step.name], since))
+    else:
+        for step in trainings:
+            steps.run(step)
     measure_exports(a, steps, names)
 
 
@@ -629,6 +669,13 @@ def _parser() -> argparse.ArgumentParser:
         help="a results dir name and its Hydra overrides",
     )
     w.add_argument("--steps", type=int, default=2400, help="trainer.max_steps of each variant (default 2400: what the recipe's 300 s give)")
+    w.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="train the variants at once on the GPU, each started once the one before has built its target engine (two "
+        "engines starting together size their KV pools against each other); two fit one H200. The speedups follow, one "
+        "after the other",
+    )
     w.add_argument("--settings", nargs="+", default=["8/8/64"], help="serving.speedup's settings (default 8/8/64)")
     w.add_argument("--concurrency", type=int, nargs="+", default=[1, 16], help="serving.speedup's concurrency (default 1 16)")
     w.add_argument("--repeats", type=int, default=3, help="serving.speedup's repeats of each level (default 3)")

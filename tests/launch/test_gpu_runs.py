@@ -3,10 +3,13 @@ its sequence, the real runner's logs, the study's split, the dp analysis against
 launch/device_run.sh handing every subcommand it documents to the program."""
 
 import json
+import os
 import re
 import subprocess
 import sys
 import tarfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -475,6 +478,49 @@ def test_sweep_trains_each_variant_then_measures_them_against_one_target_alone(t
     assert again.argvs[-1][-2:] == ("--plain-from", str(r / "w" / "speedup.json"))
     with pytest.raises(SystemExit, match="names must differ"):
         gpu_runs.main([*argv[:8], "--variant", "a", "--variant", "a", "x=1"], runner=FakeRunner())
+
+
+ENGINE_LINE = "the engine process 7 (SGLangTarget on cuda:0): target built in 26.0 s; ring of 3 x 16384 tokens\n"
+
+
+def test_side_by_side_starts_each_training_once_the_one_before_built_its_engine(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_runs, "POLL_S", 0.01)
+    r, events, second = tmp_path, [], threading.Event()
+    (r / "a").mkdir()
+    (r / "a" / "train.log").write_text(ENGINE_LINE)  # an earlier run's log: no sign of this run's engine
+    os.utime(r / "a" / "train.log", (1e9, 1e9))
+
+    class SideBySide(FakeRunner):
+        def __call__(self, step: Step) -> int:
+            code = super().__call__(step)
+            if not step.name.endswith("training"):
+                return code
+            out = Path(step.argv[step.argv.index("--out") + 1])
+            events.append(f"{out.name} started")
+            if out.name == "a":
+                time.sleep(0.1)  # the earlier log stays in place a while: it must not start b
+                events.append("a built")
+                (out / "train.log").write_text("starting\n" + ENGINE_LINE)
+                events.append(f"a saw b start: {second.wait(30)}")
+            else:
+                second.set()
+            (out / "run" / "export" / "sglang").mkdir(parents=True)
+            return code
+
+    run = SideBySide()
+    argv = ["sweep", "/c", "--res", str(r), "--answered", "/a.gz", "--sampled", "/s.gz", "--side-by-side", "--concurrency", "1"]
+    assert gpu_runs.main([*argv, "--variant", "a", "x=1", "--variant", "b", "x=2"], runner=run) == 0
+    assert events == ["a started", "a built", "b started", "a saw b start: True"]
+    assert [s.name for s in run.steps[2:]] == ["sweep: a speedup", "sweep: b speedup"]  # after both trainings
+
+
+def test_side_by_side_starts_the_next_training_when_the_one_before_ended_without_an_engine(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gpu_runs, "POLL_S", 0.01)
+    run = FakeRunner({"sweep: a training": 1, "sweep: b training": 1})
+    argv = ["sweep", "/c", "--res", str(tmp_path), "--answered", "/a.gz", "--sampled", "/s.gz", "--side-by-side", "--keep-going"]
+    assert gpu_runs.main([*argv, "--variant", "a", "--variant", "b"], runner=run) == 1
+    assert [s.name for s in run.steps] == ["sweep: a training", "sweep: b training"]
+    assert "sweep: failed: sweep: a training, sweep: b training" in capsys.readouterr().err
 
 
 def test_budget_runs_one_trunk_then_each_shorter_decay_from_its_kept_checkpoint(tmp_path):

@@ -9,6 +9,7 @@ transformers or pytest.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import signal
@@ -26,7 +27,7 @@ from models.engines import PathTarget
 from tests.fixtures.tiny import TINY_DRAFT
 from tests.fixtures.toy_target import VOCAB, ToyTarget, make_batches
 from trainer.data import EncodedSample, PackedBatcher
-from trainer.stream.engine_process import EngineError, EngineStats, PackedTokens, Submit, _EngineLoop
+from trainer.stream.engine_process import TARGET_BUILT, EngineError, EngineStats, PackedTokens, Submit, _EngineLoop
 from trainer.stream.feature_ring import RingSpec, allocate_ring
 from trainer.stream.feature_stream import ColocatedStream, InProcessStream, TargetSource, open_feature_stream
 
@@ -383,6 +384,17 @@ def test_engine_exception_reaches_the_trainer_with_its_traceback():
         assert "Traceback" in message and "in features" in message and "ValueError: poisoned batch: token 7" in message
         assert wait_gone(pid) and not source.process.alive
         assert next(stream, None) is None
+
+
+def test_the_engine_logs_the_line_that_launch_scripts_wait_for(caplog):
+    """launch/gpu_runs.py starts a second training once the first's engine has logged TARGET_BUILT; faults.py
+    tells that line from a fault's message."""
+    caplog.set_level(logging.INFO, logger="trainer.stream.engine_process")
+    with TargetSource(ToyTarget()) as source:
+        with open_feature_stream(COLOCATED, source, make_batches(1), "cpu") as stream:
+            next(stream)
+        built = [r.getMessage() for r in caplog.records if TARGET_BUILT.match(r.getMessage())]
+        assert len(built) == 1 and f"the engine process {source.process.pid} " in built[0]
 
 
 def test_a_killed_engine_is_an_error_not_a_hang():
