@@ -500,7 +500,7 @@ def test_side_by_side_starts_each_training_once_the_one_before_built_its_engine(
             if out.name == "a":
                 time.sleep(0.1)  # the earlier log stays in place a while: it must not start b
                 events.append("a built")
-                (out / "train.log").write_text("starting\n" + ENGINE_LINE)
+                (out / "train.log").write_text("starting\nloading shards: 100%|#| 1/1\r" + ENGINE_LINE)  # after a bar's redraw
                 events.append(f"a saw b start: {second.wait(30)}")
             else:
                 second.set()
