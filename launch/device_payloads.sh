@@ -5,8 +5,9 @@
 #
 #   launch/device_payloads.sh SGLANG_WHEELS_DIR
 #
-# SGLANG_WHEELS_DIR: the offline SGLang 0.5.14 wheel set (docs/SGLANG.md); its transformers wheel is moved
-# into .payload_sgl2 to keep .sglwhl under the limit. Writes, in the checkout (keep them out of git, e.g. in
+# SGLANG_WHEELS_DIR: the offline SGLang 0.5.14 wheel set (docs/SGLANG.md); its transformers and tokenizers
+# wheels are moved into .payload_sgl2 to keep .sglwhl and the working tree under the limit. It ends with an error
+# when a payload and the tracked files together exceed the 64 MiB a call carries. Writes, in the checkout (keep them out of git, e.g. in
 # .git/info/exclude: /.sglwhl/ /.whl/ /.payload_*/):
 #   .sglwhl/ .payload_sgl2/   setup-sglang, one call each (the first one's import check fails until the second)
 #   .whl/                     setup-deps: deepspeed (built), hydra, omegaconf, wandb and what the GPU image lacks of theirs
@@ -19,7 +20,7 @@ PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp --platform m
       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any)
 
 rm -rf .sglwhl .payload_sgl2 && mkdir -p .sglwhl .payload_sgl2
-cp "$1"/*.whl .sglwhl/ && mv .sglwhl/transformers-*.whl .payload_sgl2/
+cp "$1"/*.whl .sglwhl/ && mv .sglwhl/transformers-*.whl .sglwhl/tokenizers-*.whl .payload_sgl2/
 
 rm -rf .whl && mkdir -p .whl
 "${PIP[@]}" wheel -q --no-deps -w .whl deepspeed==0.19.8 antlr4-python3-runtime==4.9.3
@@ -40,3 +41,8 @@ mv .payload_gguf1/part01 .payload_gguf2/ && mv .payload_gguf1/part02 .payload_gg
 rm -rf .payload_corpora && mkdir -p .payload_corpora
 cp outputs/corpora/{train_prompts.jsonl.gz,heldout_sharegpt.jsonl,heldout_evals.jsonl,heldout_codeio.jsonl,heldout_chitchat.jsonl,manifest.json} .payload_corpora/
 du -sh .sglwhl .payload_sgl2 .whl .payload_gguf? .payload_corpora
+tree=$(git ls-files -z | xargs -0 cat | wc -c)  # bytes of the tracked files: they travel with every call
+for payload in .sglwhl .payload_sgl2 .whl .payload_gguf? .payload_corpora; do
+  size=$(cat "$payload"/* | wc -c)
+  [ $((tree + size)) -le $((64 << 20)) ] || { echo "$payload: $size bytes with the tracked files' $tree exceed the 64 MiB a call carries" >&2; exit 1; }
+done
