@@ -68,7 +68,8 @@ class _SoftCrossEntropy(torch.autograd.Function):
         b, t, v = logits.shape
         x, p = logits.reshape(b * t, v), probs.reshape(b * t, v)
         g = (grad * _valid(b, t, ctx.shift, grad.device)).reshape(b * t)  # [B * T], 0 where ce is 0 by definition
-        out = torch.zeros_like(x)  # [B * T, V]
+        out = torch.empty_like(x)  # [B * T, V]: the spans write [0, B * T - shift), the positions past have no label
+        out[max(b * t - ctx.shift, 0) :] = 0
         for start, stop in _spans(b, t, ctx.shift, ctx.chunk):
             out[start:stop] = grad_fn(x[start:stop], p[start + ctx.shift : stop + ctx.shift], g[start:stop])
         return out.view(b, t, v), None, None, None

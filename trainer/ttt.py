@@ -37,16 +37,17 @@ def target_labels(final: Tensor, lm_head: Tensor, draft_ids: Tensor, t2d: Tensor
     """Target logits = ``final`` [B, T, H] @ ``lm_head`` [V, H]^T, never materialised whole.
 
     The full-vocab argmax is taken chunk by chunk; the soft labels use only the draft
-    vocab rows ``draft_ids`` [V_d] (target ids, ascending).
+    vocab rows ``draft_ids`` [V_d] (target ids, ascending). The logits stay in their own dtype:
+    a float32 copy would order them alike, and the softmax reads them into float32 itself.
     """
     best_val = torch.full(final.shape[:-1], float("-inf"), device=final.device)
     best_idx = torch.zeros(final.shape[:-1], dtype=torch.long, device=final.device)
     for start in range(0, lm_head.shape[0], chunk):
-        val, idx = (final @ lm_head[start : start + chunk].T).float().max(dim=-1)  # [B, T]
+        val, idx = (final @ lm_head[start : start + chunk].T).max(dim=-1)  # [B, T]
         better = val > best_val
-        best_val = torch.where(better, val, best_val)
+        best_val = torch.where(better, val.float(), best_val)
         best_idx = torch.where(better, idx + start, best_idx)
-    probs = torch.softmax((final @ lm_head[draft_ids].T).float(), dim=-1)  # [B, T, V_d]
+    probs = torch.softmax(final @ lm_head[draft_ids].T, dim=-1, dtype=torch.float32)  # [B, T, V_d]
     return TargetLabels(probs=probs, in_draft=t2d[best_idx], argmax=best_idx)
 
 

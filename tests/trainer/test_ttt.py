@@ -114,16 +114,19 @@ def test_step_valid_follows_index_convention():
     assert step_valid(torch.ones(1, 6, dtype=torch.bool), lengths, in_draft, 1).tolist()[0][:3] == [True, False, True]
 
 
-def test_target_labels_chunked_equals_full():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_target_labels_chunked_equals_full(dtype):
+    """The chunked argmax and the soft labels equal those of the whole logits taken in float32."""
     torch.manual_seed(1)
-    final, lm_head = torch.randn(2, 5, 16), torch.randn(50, 16)
+    final, lm_head = torch.randn(2, 5, 16, dtype=dtype), torch.randn(50, 16, dtype=dtype)
     draft_ids = torch.arange(0, 50, 3)
     t2d = torch.zeros(50, dtype=torch.bool)
     t2d[draft_ids] = True
     labels = target_labels(final, lm_head, draft_ids, t2d, chunk=7)
-    full = final @ lm_head.T
+    full = (final @ lm_head.T).float()
     assert torch.equal(labels.argmax, full.argmax(-1))
     assert torch.equal(labels.in_draft, t2d[full.argmax(-1)])
+    assert labels.probs.dtype == torch.float32
     torch.testing.assert_close(labels.probs, full[..., draft_ids].softmax(-1))
 
 
@@ -222,3 +225,20 @@ def test_soft_cross_entropy_spans_rows_and_matches_the_explicit_form(b, t, shift
         torch.autograd.grad((current * weight).sum(), logits)[0], torch.autograd.grad((baseline * weight).sum(), logits)[0]
     )
     assert len(list(soft_ce._spans(b, t, shift, chunk))) == -(-max(b * t - shift, 0) // chunk)
+
+
+def test_soft_cross_entropy_gradient_is_zero_past_the_labels_in_uninitialised_memory():
+    """The backward writes its [B * T, V] gradient into uninitialised memory (NaN here, as deterministic mode fills
+    it): the positions whose label lies past the batch come back 0, not whatever the memory held."""
+    from trainer import soft_ce
+
+    torch.manual_seed(2)
+    logits, probs = torch.randn(3, 5, 11, requires_grad=True), torch.softmax(torch.randn(3, 5, 11), -1)
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        grad = torch.autograd.grad(soft_ce.soft_cross_entropy(logits, probs, 2, chunk=4).sum(), logits)[0]
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert torch.isfinite(grad).all()
+    assert not grad.reshape(15, 11)[13:].any()  # the last 2 positions of the flattened batch
