@@ -3,8 +3,9 @@
 ``ce[b, t] = -sum_v probs[b, t + shift, v] * log_softmax(logits[b, t])_v``, computed as
 ``sum(p) * logsumexp(x) - p . x`` in chunks of the flattened [B * T] positions (across rows, so a
 batch of many short rows costs as few calls as one of long rows) with the backward written out
-(``g * (softmax(x) * sum(p) - p)``); on a GPU each is one compiled kernel. Only the logits
-(their own dtype) are kept for the backward and the labels are read unshifted, in place.
+(``g * (exp(x - logsumexp(x)) * sum(p) - p)``, one pass over the logits and labels: the forward keeps each
+position's logsumexp and sum(p)); on a GPU each is one compiled kernel. Only the logits (their own dtype)
+and two floats a position are kept for the backward, and the labels are read unshifted, in place.
 """
 
 from __future__ import annotations
@@ -15,16 +16,17 @@ import torch
 from torch import Tensor
 
 
-def _ce_rows(x: Tensor, p: Tensor) -> Tensor:
-    """x [n, V] logits, p [n, V] fp32 -> [n]."""
+def _ce_rows(x: Tensor, p: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """x [n, V] logits, p [n, V] fp32 -> ce, logsumexp(x), sum(p): each [n] fp32."""
     xf = x.float()
-    return p.sum(-1) * torch.logsumexp(xf, -1) - (p * xf).sum(-1)
+    lse, total = torch.logsumexp(xf, -1), p.sum(-1)
+    return total * lse - (p * xf).sum(-1), lse, total
 
 
-def _ce_grad_rows(x: Tensor, p: Tensor, g: Tensor) -> Tensor:
-    """d ce / d x for rows x [n, V], p [n, V], upstream g [n] -> [n, V] in x's dtype."""
-    xf = x.float()
-    return (g.float()[:, None] * (torch.softmax(xf, -1) * p.sum(-1, keepdim=True) - p)).to(x.dtype)
+def _ce_grad_rows(x: Tensor, p: Tensor, lse: Tensor, total: Tensor, g: Tensor) -> Tensor:
+    """d ce / d x for rows x [n, V], p [n, V], their forward's lse and total [n], upstream g [n] -> [n, V] in x's dtype."""
+    softmax = torch.exp(x.float() - lse[:, None])  # [n, V]
+    return (g.float()[:, None] * (softmax * total[:, None] - p)).to(x.dtype)
 
 
 @lru_cache(maxsize=2)
@@ -54,24 +56,25 @@ class _SoftCrossEntropy(torch.autograd.Function):
         rows_fn, _ = _kernels(logits.device.type == "cuda")
         b, t, v = logits.shape
         x, p = logits.reshape(b * t, v), probs.reshape(b * t, v)  # views of the contiguous [B, T, V]
-        ce = torch.zeros(b * t, dtype=torch.float32, device=logits.device)  # [B * T]
+        ce, lse, total = torch.zeros(3, b * t, dtype=torch.float32, device=logits.device)  # each [B * T]
         for start, stop in _spans(b, t, shift, chunk):
-            ce[start:stop] = rows_fn(x[start:stop], p[start + shift : stop + shift])
-        ctx.save_for_backward(logits, probs)
+            ce[start:stop], lse[start:stop], total[start:stop] = rows_fn(x[start:stop], p[start + shift : stop + shift])
+        ctx.save_for_backward(logits, probs, lse, total)
         ctx.shift, ctx.chunk = shift, chunk
         return ce.view(b, t) * _valid(b, t, shift, logits.device)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         _, grad_fn = _kernels(grad.device.type == "cuda")
-        logits, probs = ctx.saved_tensors
+        logits, probs, lse, total = ctx.saved_tensors
         b, t, v = logits.shape
         x, p = logits.reshape(b * t, v), probs.reshape(b * t, v)
         g = (grad * _valid(b, t, ctx.shift, grad.device)).reshape(b * t)  # [B * T], 0 where ce is 0 by definition
         out = torch.empty_like(x)  # [B * T, V]: the spans write [0, B * T - shift), the positions past have no label
         out[max(b * t - ctx.shift, 0) :] = 0
         for start, stop in _spans(b, t, ctx.shift, ctx.chunk):
-            out[start:stop] = grad_fn(x[start:stop], p[start + ctx.shift : stop + ctx.shift], g[start:stop])
+            span = slice(start, stop)
+            out[span] = grad_fn(x[span], p[start + ctx.shift : stop + ctx.shift], lse[span], total[span], g[span])
         return out.view(b, t, v), None, None, None
 
 

@@ -242,3 +242,26 @@ def test_soft_cross_entropy_gradient_is_zero_past_the_labels_in_uninitialised_me
         torch.use_deterministic_algorithms(before)
     assert torch.isfinite(grad).all()
     assert not grad.reshape(15, 11)[13:].any()  # the last 2 positions of the flattened batch
+
+
+@pytest.mark.parametrize(
+    "device, dtype, tol",
+    [("cpu", torch.float32, 1e-5), pytest.param("cuda", torch.bfloat16, 2e-2, marks=pytest.mark.gpu)],
+)
+def test_compiled_soft_cross_entropy_kernels_equal_the_eager_ones(device, dtype, tol):
+    """trainer.soft_ce's compiled row kernels (a GPU's): the cross-entropy, its logsumexp and sum(p), and the
+    one-pass gradient from them equal the eager functions' and the explicit gradient of the loss."""
+    from trainer import soft_ce
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    torch.manual_seed(3)
+    x = (3 * torch.randn(9, 37, device=device)).to(dtype).requires_grad_()
+    p, g = torch.rand(9, 37, device=device), torch.rand(9, device=device)  # p unnormalised: sum(p) counts
+    eager, compiled = soft_ce._kernels(False), soft_ce._kernels(True)
+    rows = [fn(x.detach(), p) for fn, _ in (eager, compiled)]
+    for a, b in zip(*rows):
+        torch.testing.assert_close(b, a, rtol=tol, atol=tol)
+    explicit = torch.autograd.grad((g * -(p * x.float().log_softmax(-1)).sum(-1)).sum(), x)[0]
+    for (_, grad_fn), (_, lse, total) in zip((eager, compiled), rows):
+        torch.testing.assert_close(grad_fn(x.detach(), p, lse, total, g).float(), explicit.float(), rtol=tol, atol=tol)
