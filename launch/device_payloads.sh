@@ -7,8 +7,8 @@
 #
 # SGLANG_WHEELS_DIR: the offline SGLang 0.5.14 wheel set (docs/SGLANG.md); its transformers and tokenizers
 # wheels are moved into .payload_sgl2 to keep .sglwhl and the working tree under the limit. It ends with an error
-# when a payload and the tracked files together exceed the 64 MiB a call carries. Writes, in the checkout (keep them out of git, e.g. in
-# .git/info/exclude: /.sglwhl/ /.whl/ /.payload_*/):
+# when a payload and the tracked files together exceed the 64 MiB a call carries. Writes, in the checkout (keep
+# them out of git, e.g. in .git/info/exclude: /.sglwhl/ /.whl/ /.payload_*/):
 #   .sglwhl/ .payload_sgl2/   setup-sglang, one call each (the first one's import check fails until the second)
 #   .whl/                     setup-deps: deepspeed (built), hydra, omegaconf, wandb and what the GPU image lacks of theirs
 #   .payload_gguf{1,2,3}/     the embedded target's GGUF in three parts (setup-deps / cp / setup-gguf)
