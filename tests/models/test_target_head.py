@@ -176,7 +176,7 @@ def test_the_colocated_trainer_holds_no_target_model_and_trains_as_inprocess(tmp
 
     runs = {}
     for mode in ("inprocess", "colocated"):
-        trainer = Trainer(tiny_config("trainer.max_steps=2", "trainer.eval_batches=1", f"engine.mode={mode}"), tmp_path / mode)
+        trainer = Trainer(tiny_config("trainer.max_steps=2", f"engine.mode={mode}"), tmp_path / mode)
         models = {type(o).__name__ for o in reachable(trainer) if isinstance(o, PreTrainedModel)}
         summary = trainer.fit()
         runs[mode] = (models, summary, draft_weights(trainer))

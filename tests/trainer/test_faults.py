@@ -28,7 +28,7 @@ from trainer.stream import feature_stream
 from trainer.stream.engine_process import EngineError, EngineProcess
 from trainer.stream.feature_stream import TargetSource, open_feature_stream
 
-RUN = ["engine.mode=colocated", "trainer.max_steps=6", "trainer.eval_batches=1", "trainer.serve_eval=false"]
+RUN = ["engine.mode=colocated", "trainer.max_steps=6", "trainer.serve_eval=false"]
 
 
 @dataclass

@@ -193,7 +193,7 @@ def test_a_resume_after_a_kill_continues_the_history(build, tmp_path):
 
 
 def test_non_finite_loss_is_skipped_or_stops(build, tmp_path):
-    trainer = build(tiny_config("trainer.max_steps=3", "trainer.on_nan=skip", "trainer.eval_batches=1"), tmp_path / "skip")
+    trainer = build(tiny_config("trainer.max_steps=3", "trainer.on_nan=skip"), tmp_path / "skip")
     real, calls = trainer.target.engine.features, []
 
     def poisoned(tokens):
@@ -209,7 +209,7 @@ def test_non_finite_loss_is_skipped_or_stops(build, tmp_path):
     assert all(torch.isfinite(v).all() for v in _weights(trainer).values())
 
     calls.clear()
-    stopper = build(tiny_config("trainer.max_steps=3", "trainer.eval_batches=1"), tmp_path / "stop")
+    stopper = build(tiny_config("trainer.max_steps=3"), tmp_path / "stop")
     real = stopper.target.engine.features
     stopper.target.engine.features = poisoned
     with pytest.raises(RuntimeError, match="non-finite loss at step 2"):
@@ -296,9 +296,7 @@ def test_engine_death_stops_the_run_with_the_cause_and_keeps_the_checkpoint(buil
 
     from trainer.stream.engine_process import EngineError
 
-    trainer = build(
-        tiny_config("trainer.max_steps=40", "trainer.checkpoint_every=1", "engine.mode=colocated", "trainer.eval_batches=1"), tmp_path
-    )
+    trainer = build(tiny_config("trainer.max_steps=40", "trainer.checkpoint_every=1", "engine.mode=colocated"), tmp_path)
 
     def kill_engine_after_first_checkpoint():
         while ckpt.latest(tmp_path / "checkpoints") is None:
