@@ -19,6 +19,9 @@
 #                                                   # a call cut at its limit (a lease's last seconds) still returns the
 #                                                   # latest collection; give MAX_S well inside the call's limit. A job
 #                                                   # never started on this machine (a bare one) fails it at once (exit 3)
+#   launch/device_run.sh ckpt-out CKPT_DIR [ARGS]   # a checkpoint out to the next lease: the next parts into
+#                                                   # $OUT/ckpt_NNN/, again until all are sent (launch/ckpt_transfer.py)
+#   launch/device_run.sh ckpt-in DEST FOLDER...     # carried ckpt_NNN folders gathered; DEST rebuilt once all are here
 #   launch/device_run.sh recipe CORPORA_DIR [ARGS]  # launch/recipe.py (ARGS are its own): generation, training and
 #                                                   # the speedup, each phase timed; --recipe NAME: its results dir
 #                                                   # (/tmp/res/NAME, default recipe)
@@ -119,6 +122,10 @@ wait)
   done
   exec bash "$0" collect
   ;;
+ckpt-out)
+  exec python3 launch/ckpt_transfer.py out "$2" --out "$OUT" "${@:3}" ;;
+ckpt-in)
+  exec python3 launch/ckpt_transfer.py in "${@:2}" ;;
 *)
   exec python3 launch/gpu_runs.py "$1" --res "$RES" "${@:2}" ;;
 esac

@@ -20,7 +20,8 @@ from trainer import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parents[2]
 DEVICE_RUN = ROOT / "launch" / "device_run.sh"
-SHELL = ("setup-sglang", "setup-deps", "setup-gguf", "bg", "collect", "wait")  # the subcommands the shell itself runs
+# the subcommands the shell itself runs
+SHELL = ("setup-sglang", "setup-deps", "setup-gguf", "bg", "collect", "wait", "ckpt-out", "ckpt-in")
 DP_RUNS = ROOT / "docs" / "device_runs"
 GPU_MARK = "mark." + "gpu"  # spelled apart: this file marks no gpu test
 
@@ -337,7 +338,7 @@ def documented_subcommands() -> list[str]:
 
 def test_every_subcommand_device_run_documents_is_the_shells_or_the_programs():
     names = documented_subcommands()
-    assert len(names) == len(set(names)) == 16
+    assert len(names) == len(set(names)) == 18
     assert set(names) == set(SHELL) | set(gpu_runs.SEQUENCES)
     arms = re.findall(r"^([a-z0-9|*-]+)\)$", DEVICE_RUN.read_text(), flags=re.M)
     assert arms == [*SHELL, "*"]  # the rest goes to the program
