@@ -100,9 +100,9 @@ def _staged(ckpt: Path, stage: Path) -> dict | None:
     return manifest if manifest["source"] == str(ckpt.resolve()) else None
 
 
-def send(ckpt: Path, out: Path, stage: Path, part_bytes: int, per_call: int, first: int | None) -> tuple[Path, list[str]]:
+def send(ckpt: Path, out: Path, stage: Path, part_bytes: int, per_call: int, first: int | None) -> tuple[dict, Path, list[str], int]:
     """Copy the next ``per_call`` parts (from part ``first`` when given) and the manifest into ``out``/ckpt_NNN/;
-    returns that folder and the parts' names."""
+    returns the manifest, that folder, the parts' names and how many parts are left after them."""
     manifest = _staged(ckpt, stage) or pack(ckpt, stage, part_bytes)
     parts = manifest["parts"]
     start = first
@@ -118,7 +118,7 @@ def send(ckpt: Path, out: Path, stage: Path, part_bytes: int, per_call: int, fir
             shutil.copyfile(stage / part["name"], folder / part["name"])
         shutil.copyfile(stage / MANIFEST, folder / MANIFEST)
     (stage / "next").write_text(str(start + len(batch)))
-    return folder, [p["name"] for p in batch]
+    return manifest, folder, [p["name"] for p in batch], len(parts) - start - len(batch)
 
 
 def _check_part(path: Path, part: dict) -> str | None:
@@ -136,18 +136,19 @@ def _check_part(path: Path, part: dict) -> str | None:
 def gather(folders: Sequence[Path], stage: Path) -> dict:
     """Copy the verified parts of ``folders`` under ``stage``; returns the manifest. Parts of another checkpoint
     than the one already gathered there, and parts that fail their check, raise with the file named."""
-    manifest = None
+    held = stage / MANIFEST
+    kept = json.loads(held.read_text()) if held.is_file() else None
     for folder in folders:
         path = folder / MANIFEST
         if not path.is_file():
             raise ValueError(f"{folder}: no {MANIFEST} (a folder that `ckpt_transfer.py out` wrote into $OUT)")
         mine = json.loads(path.read_text())
-        held = stage / MANIFEST
-        kept = json.loads(held.read_text()) if held.is_file() else mine
-        if mine["sha256"] != kept["sha256"]:
+        if kept is None:
+            stage.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, held)
+            kept = mine
+        elif mine["sha256"] != kept["sha256"]:
             raise ValueError(f"{path} is of {mine['source']}, the parts under {stage} of {kept['source']}: remove {stage} to start over")
-        stage.mkdir(parents=True, exist_ok=True)
-        held.write_text(json.dumps(kept, indent=1) + "\n")
         by_name = {p["name"]: p for p in kept["parts"]}
         for file in sorted(folder.iterdir()):
             if file.name == MANIFEST:
@@ -159,8 +160,7 @@ def gather(folders: Sequence[Path], stage: Path) -> dict:
                 raise ValueError(why)
             shutil.copyfile(file, stage / f".{file.name}")
             (stage / f".{file.name}").rename(stage / file.name)  # a part under its name is whole
-        manifest = kept
-    return manifest
+    return kept
 
 
 class _Joined:
@@ -246,9 +246,8 @@ def _out(args: argparse.Namespace) -> None:
     if not 0 < part_bytes <= OUT_FILE_LIMIT or not 0 < args.per_call < OUT_FILES or args.per_call * part_bytes > OUT_CALL_LIMIT:
         limits = f"a call returns {OUT_FILES} files (the manifest one of them) of 16 MiB, 64 MiB in all"
         raise ValueError(f"--part-mib {args.part_mib} x --per-call {args.per_call}: {limits}")
-    folder, sent = send(args.ckpt, args.out, args.stage, part_bytes, args.per_call, args.first)
-    manifest = json.loads((args.stage / MANIFEST).read_text())
-    n, left = len(manifest["parts"]), len(manifest["parts"]) - int((args.stage / "next").read_text())
+    manifest, folder, sent, left = send(args.ckpt, args.out, args.stage, part_bytes, args.per_call, args.first)
+    n = len(manifest["parts"])
     size = f"{manifest['bytes'] / 1e6:.1f} MB"
     if sent:
         print(f"{args.ckpt} ({size}, {n} parts): sent {', '.join(sent)} into {folder}")
