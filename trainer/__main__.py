@@ -2,15 +2,14 @@
 
 A config or input error prints one to three lines; ``--verbose`` (or STREAMDRAFT_VERBOSE=1)
 prints full traces and the libraries' output, HYDRA_FULL_ERROR=1 full traces. The run dir's
-``__main__.log`` holds the run's log, a failure's full trace included; a run that fails before it
-writes anything of its own leaves no run dir.
+``__main__.log`` holds the run's log, a failure's full trace included. A run that fails before it
+starts training writes nothing (trainer/run_records.py): no run dir, and in an existing one no change.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from models import hub
-from trainer import console
+from trainer import console, run_records
 from trainer.config import register_schema, to_config
 from trainer.help import help_text
 from trainer.loop import run
@@ -33,28 +32,13 @@ log = logging.getLogger("trainer")
 def main(cfg: DictConfig) -> None:
     hub.offline()
     console.log_levels()
-    hydra_cfg = HydraConfig.get()
-    run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
-        run(to_config(cfg), run_dir)
+        run(to_config(cfg), Path(HydraConfig.get().runtime.output_dir), on_start=lambda: run_records.start(cfg))
     except BaseException as e:
         log.debug("the run failed", exc_info=True)  # the run dir's log only (the console shows INFO and up)
-        remove_unstarted(run_dir, {hydra_cfg.output_subdir, f"{hydra_cfg.job.name}.log"})
+        run_records.remove_new_dirs()  # a failed start: the dirs Hydra made for it (a started run's stay)
         console.exit_if_short(e)
         raise
-
-
-def remove_unstarted(run_dir: Path, hydra_files: set[str]) -> None:
-    """Remove the run dir of a run that failed before it wrote anything (only ``hydra_files`` in it:
-    the composed config and the job log Hydra writes at start), and its parents left empty, up to the
-    working dir: failed starts leave no empty run dirs behind."""
-    if not run_dir.is_dir() or any(p.name not in hydra_files for p in run_dir.iterdir()):
-        return
-    shutil.rmtree(run_dir)
-    cwd, parent = Path.cwd().resolve(), run_dir.resolve().parent
-    while parent != cwd and cwd in parent.parents and not any(parent.iterdir()):
-        parent.rmdir()
-        parent = parent.parent
 
 
 def cli() -> None:

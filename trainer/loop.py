@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -70,8 +71,6 @@ class Trainer:
         if cfg.trainer.profile_steps:
             profiler = StepProfiler(cfg.trainer.profile_steps, self.state, self.par.device, self.run_dir / PROFILE_DIR, self.par.is_main)
             self.components.append(profiler)
-        if self.par.is_main:  # the serving eval's prompts: `python -m serving.eval ... --prompts RUN/eval_prompts.jsonl`
-            write_prompt_file(b.prompts, self.run_dir / EVAL_PROMPTS_FILE)
         if b.resume_from:
             self.checkpointer.resume(b.resume_from)
 
@@ -146,6 +145,8 @@ class Trainer:
         """Evaluate the draft the run starts from (untrained, or a resumed checkpoint's), train, export, evaluate
         again; returns the summary."""
         began, resumed = time.perf_counter(), self.built.resume_from is not None
+        if self.par.is_main:  # the serving eval's prompts: `python -m serving.eval ... --prompts RUN/eval_prompts.jsonl`
+            write_prompt_file(self.built.prompts, self.run_dir / EVAL_PROMPTS_FILE)
         self.checkpointer.wandb_id = self.metrics.open(self.cfg, self.run_dir, self.checkpointer.wandb_id, resumed)
         try:
             return self._fit(began)
@@ -201,8 +202,9 @@ def run_summary(trainer: Trainer, wall_s: float, start: dict, trained: dict, ser
     }
 
 
-def run(cfg: Config, run_dir: Path) -> dict:
-    """Train, export and evaluate one run; rank 0 writes ``summary.json`` and prints it.
+def run(cfg: Config, run_dir: Path, on_start: Callable[[], None] = lambda: None) -> dict:
+    """Train, export and evaluate one run; rank 0 writes ``summary.json`` and prints it. Nothing is
+    written before the trainer is built (inputs, target, data, resume checks); then ``on_start`` runs.
     SIGINT / SIGTERM end it in any phase (``StopSignals``) with exit code 128 + the signal; an engine that
     failed, died or hung ends it with exit code 1, the rank it served saying why and how to resume."""
     signals = StopSignals()
@@ -212,8 +214,9 @@ def run(cfg: Config, run_dir: Path) -> dict:
         check_inputs(cfg, run_dir / CHECKPOINTS)  # before DeepSpeed and the target start: a wrong path is an error in a second
         par = init_parallel(resolve_device(cfg.trainer.device))
         run_dir, is_main = shared_run_dir(run_dir), par.is_main
-        run_dir.mkdir(parents=True, exist_ok=True)
         trainer = Trainer(cfg, run_dir, par, signals)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        on_start()
         summary = trainer.fit()
         signals.enter(SPEEDUP)
         trainer.close()

@@ -1,4 +1,5 @@
-"""Input paths are checked before DeepSpeed or the target start; a failed start leaves no run dir."""
+"""Input paths are checked before DeepSpeed or the target start; a failed start writes nothing: no run dir,
+and an existing one as it was."""
 
 import os
 import subprocess
@@ -7,8 +8,7 @@ import sys
 import pytest
 
 import trainer.loop
-from tests.fixtures.tiny import ROOT, tiny_config
-from trainer.__main__ import remove_unstarted
+from tests.fixtures.tiny import ROOT, TINY, tiny_config
 from trainer.loop import run
 
 
@@ -70,23 +70,35 @@ def test_a_missing_prompt_file_is_named(nothing_heavy, tmp_path):
         run(tiny_config(f"trainer.eval_prompts_file={tmp_path / 'prompts.jsonl'}"), tmp_path)
 
 
-def test_only_a_run_dir_holding_nothing_but_hydra_files_is_removed(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    hydra_files = {".hydra", "__main__.log"}
-    unstarted = tmp_path / "outputs" / "2026-12-01" / "10-00-00"
-    (unstarted / ".hydra").mkdir(parents=True)
-    (unstarted / "__main__.log").write_text("error\n")
-    started = tmp_path / "outputs" / "2026-12-01" / "09-00-00"
-    (started / ".hydra").mkdir(parents=True)
-    (started / "metrics.jsonl").write_text("{}\n")
-    remove_unstarted(unstarted, hydra_files)
-    remove_unstarted(started, hydra_files)
-    assert not unstarted.exists() and (started / "metrics.jsonl").exists()
-    remove_unstarted(started.parent.parent / "elsewhere", hydra_files)  # not there: nothing to do
-    lonely = tmp_path / "outputs" / "2026-12-02" / "11-00-00"
-    (lonely / ".hydra").mkdir(parents=True)
-    remove_unstarted(lonely, hydra_files)
-    assert not (tmp_path / "outputs" / "2026-12-02").exists() and (tmp_path / "outputs").is_dir()
+def files_of(run_dir) -> dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fails_in", ["preflight", "build"])
+def test_a_failed_start_in_an_existing_run_dir_changes_nothing_there(tmp_path, fails_in):
+    """A run's records and an earlier failed start's dir (Hydra's files only) stay byte for byte, before the
+    target loads (a missing target) or after it (a prompt file that does not parse)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "HYDRA_FULL_ERROR")}
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    args = (
+        ["target=local", f"target.path={tmp_path / 'nowhere'}"]
+        if fails_in == "preflight"
+        else [f"trainer.eval_prompts_file={tmp_path / 'bad.jsonl'}"]
+    )
+    earlier, failed = tmp_path / "runs" / "a", tmp_path / "runs" / "failed"
+    for run_dir in (earlier, failed):
+        (run_dir / ".hydra").mkdir(parents=True)
+        (run_dir / ".hydra" / "overrides.yaml").write_text("- trainer.max_steps=3\n")
+        (run_dir / "__main__.log").write_text("the earlier run's log\n")
+    (earlier / "checkpoints" / "step_3").mkdir(parents=True)
+    (earlier / "metrics.jsonl").write_text('{"step": 1}\n')
+    before = {d: files_of(d) for d in (earlier, failed)}
+    for run_dir in (earlier, failed):
+        cmd = [sys.executable, "-m", "trainer", f"hydra.run.dir={run_dir}", *TINY, *args]
+        out = subprocess.run(cmd, env=env | {"PYTHONPATH": str(ROOT)}, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 1 and "\nerror: " in f"\n{out.stderr}", out.stderr
+        assert files_of(run_dir) == before[run_dir] and (earlier / "checkpoints" / "step_3").is_dir()
 
 
 @pytest.mark.parametrize("bad", ["data", "target"])
