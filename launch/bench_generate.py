@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from models import hub  # noqa: E402
 from trainer.data import read_source  # noqa: E402
 from trainer.datagen.gen_backend import GenerationSettings, GeneratorSettings, chat_ids, sglang_arg  # noqa: E402
-from trainer.datagen.replicas import open_generator  # noqa: E402
+from trainer.datagen.replicas import fit_generator, open_generator  # noqa: E402
 from trainer.regenerate import prompt_conversations  # noqa: E402
 
 
@@ -75,6 +75,7 @@ def measure(name: str, variant: Variant, chats: list[list[dict]], args: argparse
     generator = replace(variant.generator, target=args.target, attention_backend=args.attention_backend)
     if generator.name == "sglang":
         generator = replace(generator, sglang_args=tuple(sglang_arg(a) for a in args.sglang_arg))
+    generator = fit_generator(generator, sampled=False)  # greedy decoding
     start = time.perf_counter()
     backend = open_generator(generator)
     load_s = time.perf_counter() - start

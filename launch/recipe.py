@@ -2,9 +2,10 @@
 
     python3 launch/recipe.py --corpora outputs/corpora --out outputs/recipe
 
-1. **generation**: one generator (SGLang, ``--replicas`` engines, prefill CUDA graphs off: they
-   cost each engine's start more than they save here) answers every training prompt greedily
-   (``answered.jsonl``), then the ShareGPT prompts (``--sampled-sources``) again sampled at
+1. **generation**: one generator (SGLang, ``--replicas`` engines, by default as many as the GPU fits
+   with the room each needs beyond its KV pool, ``trainer.datagen.gen_memory``; prefill CUDA graphs
+   off: they cost each engine's start more than they save here) answers every training prompt
+   greedily (``answered.jsonl``), then the ShareGPT prompts (``--sampled-sources``) again sampled at
    ``--temperature`` (``sampled.jsonl``): two passes, one set of engine starts. Both resume by id, so
    ``--answered`` / ``--sampled`` (gzipped answers of an earlier run) leave only what they lack;
    with nothing left to answer no engine starts.
@@ -40,8 +41,8 @@ from models import hub
 from serving.usage import PlainHelp
 from trainer.corpora import leak_checked_files
 from trainer.datagen.gen_backend import GenerationSettings, GeneratorSettings, default_batch_size
-from trainer.datagen.replicas import open_generator
-from trainer.regenerate import generation_meta, prompt_conversations, regenerate, unanswered
+from trainer.datagen.replicas import fit_generator, open_generator
+from trainer.regenerate import generation_meta, prompt_conversations, regenerate, replicas_arg, unanswered
 
 PHASES = ("generation", "training")
 # a sampled answer for evals, codeio and chitchat too changed τ by -0.05 +- 0.06 / +0.02 +- 0.07 (docs/BENCHMARKS.md, section 30)
@@ -102,10 +103,14 @@ def generate(args: argparse.Namespace, phases: Phases) -> tuple[Path, Path]:
     generator = GeneratorSettings(
         args.engine,
         args.target,
-        mem_fraction_static=args.gen_mem,
+        mem_fraction_static=args.mem_fraction_static,
         replicas=args.replicas if sglang else 1,
         sglang_args=(("disable_prefill_cuda_graph", True),) if sglang else (),
     )
+    try:
+        generator = fit_generator(generator, sampled=True)  # one set of engines runs both passes
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     start = time.perf_counter()
     backend = open_generator(generator)
     phases.add("generation: engine start", time.perf_counter() - start, replicas=generator.replicas)
@@ -230,8 +235,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sampled-sources", nargs="+", default=list(SAMPLED_SOURCES), help="the corpora sources whose prompts get a sampled answer too"
     )
-    p.add_argument("--replicas", type=int, default=4, help="generation engines on the GPU (a small target's scheduler is CPU-bound)")
-    p.add_argument("--gen-mem", type=float, default=0.8, help="the generation engines' share of the GPU memory")
+    p.add_argument(
+        "--replicas",
+        type=replicas_arg,
+        default=None,
+        help="generation engines on the GPU (a small target's scheduler is CPU-bound); default auto: as many as the GPU fits, "
+        "up to 4 (a count that does not fit is refused with one that does)",
+    )
+    p.add_argument(
+        "--mem-fraction-static", type=float, default=0.8, help="the generation engines' share of the GPU memory for their KV pools"
+    )
     p.add_argument("--train-s", type=float, default=None, help="training seconds (default: h200_quality's trainer.max_time_s)")
     p.add_argument("--serve-eval", action="store_true", help="also the trainer's own speculative decoding of 32 held-out prompts")
     p.add_argument(

@@ -67,7 +67,7 @@ from trainer.datagen.gen_backend import (
     sglang_arg,
 )
 from trainer.datagen.record_ids import done_ids, record_id
-from trainer.datagen.replicas import open_generator
+from trainer.datagen.replicas import fit_generator, open_generator
 
 
 @dataclass
@@ -251,10 +251,11 @@ def add_generator_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--replicas",
-        type=int,
+        type=replicas_arg,
         default=1,
         help="engines generating at once, each in its own process on the same device (SGLang's scheduler is "
-        "CPU-bound with a small target: a replica per core it can use)",
+        "CPU-bound with a small target: a replica per core it can use); sglang: auto, as many as the GPU fits (up to "
+        "4), and a count that does not fit is refused with one that does",
     )
     p.add_argument("--device", default="auto", help="hf: auto | cpu | cuda | cuda:N")
     p.add_argument(
@@ -273,9 +274,14 @@ def add_generator_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def generator_of(args: argparse.Namespace) -> tuple[GeneratorSettings, int]:
-    """(the generator settings the arguments name, the batch size: given or the generator's default)."""
-    generator = GeneratorSettings(
+def replicas_arg(text: str) -> int | None:
+    """``--replicas``: a count, or ``auto`` (None: as many as fit the GPU)."""
+    return None if text == "auto" else int(text)
+
+
+def generator_of(args: argparse.Namespace) -> GeneratorSettings:
+    """The generator settings the arguments name, not yet sized to the GPU."""
+    return GeneratorSettings(
         args.engine,
         args.target,
         args.device,
@@ -288,7 +294,13 @@ def generator_of(args: argparse.Namespace) -> tuple[GeneratorSettings, int]:
         args.replicas,
         tuple(sglang_arg(a) for a in args.sglang_arg),
     )
-    return generator, args.batch_size or default_batch_size(resolve_generator(args.engine), args.device) * args.replicas
+
+
+def sized_generator(args: argparse.Namespace) -> tuple[GeneratorSettings, int]:
+    """(the generator sized to this GPU, ``fit_generator``: a sampling ``--temperature`` needs the larger sampler;
+    the batch size: given, or the generator's default times its replicas)."""
+    generator = fit_generator(generator_of(args), sampled=args.temperature > 0)
+    return generator, args.batch_size or default_batch_size(resolve_generator(args.engine), args.device) * generator.replicas
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -313,7 +325,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> RegenReport:
     hub.offline()
     args = _parser().parse_args(argv)
-    generator, batch_size = generator_of(args)
+    generator, batch_size = sized_generator(args)
     settings = GenerationSettings(args.max_new_tokens, args.temperature, args.top_p, batch_size, args.seed)
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")

@@ -44,7 +44,7 @@ from trainer.datagen.synth.filters import FilterSettings
 from trainer.datagen.synth.instructions import Example, Planner, examples_of
 from trainer.datagen.synth.pipeline import Synthesizer, SynthReport, SynthSettings
 from trainer.datagen.synth.seeds import CATEGORIES
-from trainer.regenerate import add_generator_arguments, generation_meta, generator_of, prompt_conversations, regenerate
+from trainer.regenerate import add_generator_arguments, generation_meta, prompt_conversations, regenerate, sized_generator
 
 
 def source_side(args: argparse.Namespace) -> tuple[tuple[Example, ...], list[tuple[str, str]], str]:
@@ -102,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> SynthReport:
     hub.offline()
     args = _parser().parse_args(argv)
-    generator, batch_size = generator_of(args)
+    generator, batch_size = sized_generator(args)
     writer = GenerationSettings(args.max_new_tokens, args.temperature, args.top_p, batch_size, args.seed)
     answer = GenerationSettings(args.answer_max_new_tokens, 0.0, 1.0, batch_size, args.seed)
     filters = FilterSettings(args.min_chars, args.max_chars, args.min_words, args.min_ascii, args.min_stopwords)

@@ -127,3 +127,32 @@ def test_the_grid_resumes_the_trainings_speedup_results_and_bad_settings_stop_it
     assert argv[argv.index("--settings") + 1 :] == ["6/8/32", "8/8/64"]
     prompts = [str(corpora / "heldout_sharegpt.jsonl"), str(corpora / "heldout_codeio.jsonl")]
     assert argv[argv.index("--prompts") + 1 : argv.index("--target")] == prompts
+
+
+def test_the_generation_engines_are_sized_to_the_gpu_before_any_starts(tmp_path, monkeypatch):
+    """On an 80-GB H100: --replicas 4 refused with what fits, the default (auto) two engines."""
+    import torch
+
+    from tests.trainer.test_gen_memory import CARDS
+
+    corpora = tmp_path / "corpora"
+    corpora.mkdir()
+    with gzip.open(corpora / "train_prompts.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"id": "p0", "prompt": "q", "source": "sharegpt"}) + "\n")
+    for name in recipe.HELDOUT:
+        (corpora / f"heldout_{name}.jsonl").write_text("")
+    opened = []
+
+    def open_generator(settings):
+        opened.append(settings)
+        raise KeyboardInterrupt  # no engine here: stop the recipe where it would start them
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *_: CARDS["H100"])
+    monkeypatch.setattr(recipe, "open_generator", open_generator)
+    base = ["--corpora", str(corpora), "--out", str(tmp_path / "out"), "--phases", "generation"]
+    with pytest.raises(SystemExit, match=r"^--replicas 4 at --mem-fraction-static 0.8: (.|\n)*what fits: --replicas 2 or"):
+        recipe.main(base + ["--replicas", "4"])
+    assert opened == []
+    with pytest.raises(KeyboardInterrupt):
+        recipe.main(base)
+    assert [g.replicas for g in opened] == [2] and dict(opened[0].sglang_args)["disable_prefill_cuda_graph"] is True

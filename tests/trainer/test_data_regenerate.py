@@ -325,7 +325,7 @@ def test_sglang_args_are_typed_checked_and_reach_the_settings():
     with pytest.raises(ValueError, match="add --engine sglang"):
         G.GeneratorSettings(name="hf", sglang_args=(("log_level", "info"),))
     args = R._parser().parse_args(["--output", "o.jsonl", "--engine", "sglang", "--sglang-arg", "max_running_requests=4096"])
-    assert R.generator_of(args)[0].sglang_args == (("max_running_requests", 4096),)
+    assert R.generator_of(args).sglang_args == (("max_running_requests", 4096),)
     known = ["cuda_graph_max_bs_decode", "cuda_graph_max_bs_prefill", "max_running_requests"]
     G.check_sglang_args((("max_running_requests", 1),), known, "0.5.14")
     with pytest.raises(ValueError, match=r"cuda_graph_max_bs: not a field of SGLang 0.5.14's ServerArgs \(close: cuda_graph_max_bs_"):

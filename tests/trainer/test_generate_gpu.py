@@ -122,10 +122,10 @@ def test_sglang_regenerates_resumably(sglang_backend, tmp_path):
 
 
 def test_two_sglang_replicas_give_one_engines_replies(target, reference, sglang_backend):
-    from trainer.datagen.replicas import open_generator
+    from trainer.datagen.replicas import fit_generator, open_generator
 
     settings = G.GeneratorSettings(name="sglang", target=str(target[0]), dtype="bfloat16", mem_fraction_static=0.3, replicas=2)
-    replicas = open_generator(settings)
+    replicas = open_generator(fit_generator(settings, sampled=False))  # each engine's pool capped at its share
     try:
         assert replicas.stop_ids == sglang_backend.stop_ids
         assert_greedy(reference, G.generate_chats(replicas, CHATS, SETTINGS, 0))  # each reply back in its chat's place

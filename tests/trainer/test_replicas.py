@@ -12,7 +12,7 @@ from tests.fixtures.tiny_generator import save_tiny_generator
 from tests.trainer.test_data_regenerate import CONVS, first_prompts, open_tiny
 from trainer import regenerate as R
 from trainer.datagen import gen_backend as G
-from trainer.datagen.replicas import ReplicatedBackend, kv_bytes_per_token, open_generator, pool_tokens, replica_settings
+from trainer.datagen.replicas import ReplicatedBackend, kv_bytes_per_token, open_generator, replica_settings
 
 SETTINGS = G.GenerationSettings(max_new_tokens=5, batch_size=2)
 
@@ -29,20 +29,17 @@ def replicated(tiny_target):
     backend.close()
 
 
-def test_each_sglang_replica_gets_its_share_of_the_memory_as_a_capped_pool():
-    settings = G.GeneratorSettings(name="sglang", mem_fraction_static=0.8, replicas=4, seed=7)
+def test_each_replica_gets_one_engine_and_its_own_seed():
+    settings = G.GeneratorSettings(name="sglang", mem_fraction_static=0.8, replicas=4, seed=7, sglang_args=(("max_total_tokens", 1000),))
     for k in range(4):
-        r = replica_settings(settings, k, 1000)
-        assert (r.replicas, r.seed, r.name, r.mem_fraction_static) == (1, 7 + k, "sglang", 0.8)
-        assert dict(r.sglang_args)["max_total_tokens"] == 1000
-    lower = G.GeneratorSettings(name="sglang", replicas=2, sglang_args=(("max_total_tokens", 300), ("chunked_prefill_size", 4096)))
-    assert dict(replica_settings(lower, 1, 1000).sglang_args) == {"max_total_tokens": 300, "chunked_prefill_size": 4096}
-    assert replica_settings(G.GeneratorSettings(replicas=2), 1, None).sglang_args == ()
-    assert pool_tokens(G.GeneratorSettings(replicas=2)) is None  # transformers: no pool
+        r = replica_settings(settings, k)
+        assert (r.replicas, r.seed, r.name, r.mem_fraction_static, r.sglang_args) == (1, 7 + k, "sglang", 0.8, settings.sglang_args)
     # SmolLM2-135M: 30 layers, 3 KV heads of 64, 16-bit: 23,040 bytes a token
     assert kv_bytes_per_token({"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}) == 23040
     with pytest.raises(ValueError, match="--replicas must be >= 1"):
         G.GeneratorSettings(replicas=0)
+    with pytest.raises(ValueError, match="resolved by fit_generator"):
+        open_generator(G.GeneratorSettings(replicas=None))
 
 
 def test_replicas_give_one_engines_greedy_replies_in_prompt_order(replicated, tiny_target):
@@ -68,10 +65,12 @@ def test_regenerate_with_replicas_writes_what_one_engine_writes(replicated, tiny
 
 def test_the_command_line_asks_for_replicas_and_scales_the_default_call():
     args = R._parser().parse_args(["--output", "o.jsonl", "--device", "cpu", "--replicas", "3"])
-    generator, batch = R.generator_of(args)
+    generator, batch = R.sized_generator(args)
     assert (generator.replicas, batch) == (3, 3 * G.default_batch_size("hf", "cpu"))
     given = R._parser().parse_args(["--output", "o.jsonl", "--device", "cpu", "--replicas", "3", "--batch-size", "5"])
-    assert R.generator_of(given)[1] == 5
+    assert R.sized_generator(given)[1] == 5
+    auto = R._parser().parse_args(["--output", "o.jsonl", "--device", "cpu", "--replicas", "auto"])
+    assert R.generator_of(auto).replicas is None and R.sized_generator(auto)[0].replicas == 1  # transformers: one
 
 
 def test_a_failed_generation_names_the_replica_and_the_others_stay_usable(replicated):

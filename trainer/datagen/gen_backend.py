@@ -93,11 +93,11 @@ class GeneratorSettings:
     attention_backend: str = "triton"  # sglang
     mem_fraction_static: float = 0.8  # sglang
     seed: int = 0  # sglang: the engine's random seed
-    replicas: int = 1  # generators at once, each in its own process (trainer.datagen.replicas)
+    replicas: int | None = 1  # generators at once, each in its own process; None: as many as fit (trainer.datagen.replicas)
     sglang_args: tuple[tuple[str, object], ...] = ()  # sglang: more ServerArgs fields, (name, value) pairs
 
     def __post_init__(self) -> None:
-        if self.replicas < 1:
+        if self.replicas is not None and self.replicas < 1:
             raise ValueError(f"--replicas must be >= 1, got {self.replicas}")
         if self.sglang_args and self.name == "hf":
             raise ValueError("--sglang-arg sets SGLang engine options: add --engine sglang (or auto)")

@@ -9,11 +9,12 @@ the same time, and the replies come back in prompt order.
 
 The replicas start at once (an SGLang engine's start is mostly its own processes' imports and
 graph captures, a minute or more each). SGLang sizes a KV pool from the memory free when that
-engine starts, which replicas starting together would race for; so each SGLang replica's pool
-is capped instead (``max_total_tokens``) at ``share = mem_fraction_static / N`` of the GPU memory
-free before any started, in tokens of the target's KV cache, and each engine keeps the whole
-``mem_fraction_static`` for SGLang's own check of what its weights leave. transformers replicas
-on the CPU split the cores between them.
+engine starts, which replicas starting together would race for; so ``fit_generator`` caps each
+SGLang engine's pool instead (``max_total_tokens``) at ``mem_fraction_static / N`` of the GPU memory
+free before any started, in tokens of the target's KV cache, after checking that N engines with the
+room each needs beyond its pool fit that memory (``trainer.datagen.gen_memory``; ``--replicas auto``:
+as many as fit). Each engine keeps the whole ``mem_fraction_static`` for SGLang's own check of what
+its weights leave. transformers replicas on the CPU split the cores between them.
 
 A replica that fails to start or to generate stops the call with its traceback; one that dies
 (killed, out of memory) is named with its exit code.
@@ -25,9 +26,20 @@ import multiprocessing as mp
 import os
 import traceback
 from dataclasses import replace
+from pathlib import Path
 from typing import Sequence
 
-from trainer.datagen.gen_backend import Backend, GenerationSettings, GeneratorSettings, Reply, open_backend, resolve_generator, target_path
+from trainer.datagen.gen_backend import (
+    Backend,
+    GenerationSettings,
+    GeneratorSettings,
+    Reply,
+    open_backend,
+    resolve_generator,
+    target_context,
+    target_path,
+)
+from trainer.datagen.gen_memory import GenTarget, plan_generation
 
 STOP = None  # the message that ends a worker
 
@@ -39,29 +51,37 @@ def kv_bytes_per_token(text_config: dict) -> int:
     return 2 * text_config["num_hidden_layers"] * text_config.get("num_key_value_heads", heads) * head_dim * 2
 
 
-def replica_settings(settings: GeneratorSettings, k: int, pool_tokens: int | None) -> GeneratorSettings:
-    """Replica ``k``'s settings: one engine, its own seed and, for SGLang, its KV pool capped at
-    ``pool_tokens`` (a ``--sglang-arg max_total_tokens`` given lower wins)."""
-    one = replace(settings, replicas=1, seed=settings.seed + k)
-    if pool_tokens is None:
-        return one
-    given = dict(settings.sglang_args).get("max_total_tokens")
-    cap = pool_tokens if given is None else min(int(given), pool_tokens)
-    args = tuple((key, v) for key, v in settings.sglang_args if key != "max_total_tokens") + (("max_total_tokens", cap),)
-    return replace(one, sglang_args=args)
+def replica_settings(settings: GeneratorSettings, k: int) -> GeneratorSettings:
+    """Replica ``k``'s settings: one engine and its own seed."""
+    return replace(settings, replicas=1, seed=settings.seed + k)
 
 
-def pool_tokens(settings: GeneratorSettings) -> int | None:
-    """Each SGLang replica's KV pool in tokens: its share of the GPU memory free now; None for transformers."""
-    if resolve_generator(settings.name) != "sglang":
-        return None
-    import torch
-
+def gen_target(path: Path, sglang_args: Sequence[tuple[str, object]] = ()) -> GenTarget:
+    """The sizes of the target dir ``path`` its generation engines' memory depends on (its config, its weight files)."""
     from models.target_config import read_text_config
 
+    weights = [f.stat().st_size for f in path.glob("*.safetensors")]
+    if not weights:
+        raise ValueError(f"{path}: no *.safetensors weights for SGLang to load")
+    text = read_text_config(path)[1]
+    return GenTarget(kv_bytes_per_token(text), text["vocab_size"], target_context(path, sglang_args), sum(weights))
+
+
+def fit_generator(settings: GeneratorSettings, sampled: bool) -> GeneratorSettings:
+    """``settings`` sized to this GPU before any engine starts: for SGLang, the engines that fit (``replicas``
+    None: as many as fit) and each one's KV pool (``max_total_tokens``, a lower one given wins), refused with
+    the values that fit when they do not (``sampled``: a pass samples, whose sampler needs more); transformers:
+    one replica for None."""
+    if resolve_generator(settings.name) != "sglang":
+        return replace(settings, replicas=settings.replicas or 1)
+    import torch
+
     free, _ = torch.cuda.mem_get_info()
-    share = settings.mem_fraction_static / settings.replicas
-    return int(share * free / kv_bytes_per_token(read_text_config(target_path(settings))[1]))
+    given = dict(settings.sglang_args)
+    target = gen_target(target_path(settings), settings.sglang_args)
+    plan = plan_generation(free, settings.mem_fraction_static, settings.replicas, target, sampled, given)
+    args = tuple((key, v) for key, v in settings.sglang_args if key != "max_total_tokens") + (("max_total_tokens", plan.pool_tokens),)
+    return replace(settings, replicas=plan.replicas, sglang_args=args)
 
 
 def _serve(conn, settings: GeneratorSettings, threads: int) -> None:
@@ -99,12 +119,11 @@ class ReplicatedBackend:
         self.procs: list[mp.Process] = []
         self.conns = []
         threads = max(1, (os.cpu_count() or 1) // settings.replicas)
-        tokens = pool_tokens(settings)
         ctx = mp.get_context("spawn")  # CUDA and SGLang's own subprocesses need a fresh interpreter
         try:
             for k in range(settings.replicas):
                 parent, child = ctx.Pipe()
-                proc = ctx.Process(target=_serve, args=(child, replica_settings(settings, k, tokens), threads), name=f"replica-{k}")
+                proc = ctx.Process(target=_serve, args=(child, replica_settings(settings, k), threads), name=f"replica-{k}")
                 proc.start()
                 child.close()
                 self.procs.append(proc)
@@ -174,6 +193,8 @@ class ReplicatedBackend:
 
 
 def open_generator(settings: GeneratorSettings) -> Backend:
-    """The backend ``settings`` names: one engine in this process, or ``settings.replicas``
-    engines in worker processes."""
+    """The backend ``settings`` (sized by ``fit_generator``) names: one engine in this process, or
+    ``settings.replicas`` engines in worker processes."""
+    if settings.replicas is None:
+        raise ValueError("replicas None (auto) is resolved by fit_generator, before the generator opens")
     return ReplicatedBackend(settings) if settings.replicas > 1 else open_backend(settings)
