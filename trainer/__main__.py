@@ -22,6 +22,7 @@ from trainer import console, run_records
 from trainer.config import register_schema, to_config
 from trainer.help import help_text
 from trainer.loop import run
+from trainer.phases import StopSignals, process_start
 
 register_schema()
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # beside the packages, in a checkout or site-packages
@@ -33,7 +34,8 @@ def main(cfg: DictConfig) -> None:
     hub.offline()
     console.log_levels()
     try:
-        run(to_config(cfg), Path(HydraConfig.get().runtime.output_dir), on_start=lambda: run_records.start(cfg))
+        signals = StopSignals(since=process_start())  # the start-up phase counts from the process's start
+        run(to_config(cfg), Path(HydraConfig.get().runtime.output_dir), lambda: run_records.start(cfg), signals)
     except BaseException as e:
         log.debug("the run failed", exc_info=True)  # the run dir's log only (the console shows INFO and up)
         run_records.remove_new_dirs()  # a failed start: the dirs Hydra made for it (a started run's stay)

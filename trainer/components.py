@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -26,6 +25,7 @@ from tqdm import tqdm
 from models.batch import FeatureBatch
 from serving.pipeline import export_verify_eval
 from trainer import checkpoint as ckpt
+from trainer import console
 from trainer.build import Built
 from trainer.config import Config
 from trainer.dist import Parallel, all_agree, all_reduce_scalar
@@ -347,7 +347,7 @@ class Validator:
                     if cfg.trainer.serve_eval
                     else "no serving eval (trainer.serve_eval=false)"
                 )
-                tqdm.write(f"export for SGLang and vLLM to {self.run_dir / 'export'}, verify both, {then}", file=sys.stderr)
+                console.show(f"export for SGLang and vLLM to {self.run_dir / 'export'}, verify both, {then}")
                 source = b.target.path
 
                 def run(model) -> dict:

@@ -265,7 +265,7 @@ class TrainConfig:
     checkpoint_every: Optional[int] = None  # optimizer steps between checkpoints; epochs always end with one
     checkpoint_at_s: list[float] = field(default_factory=list)  # training seconds with a kept checkpoint (a shorter wsd budget resumes)
     keep_last: int = 2  # complete checkpoints kept
-    resume: Optional[str] = None  # auto: newest checkpoint of this run dir; or a checkpoint / run dir path
+    resume: Optional[str] = None  # auto: this run dir's newest checkpoint (none: says so, starts at step 0); or a checkpoint / run dir
     resume_allow: list[str] = field(default_factory=list)  # deliberate changes on resume: names of trainer.checkpoint.CHANGEABLE
     on_nan: str = "stop"  # non-finite loss or gradient: stop (keep the last checkpoint) | skip the batch
     eval_prompts: int = 16  # held-out prompts decoded speculatively at each export (real acceptance length)

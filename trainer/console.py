@@ -19,6 +19,7 @@ from dataclasses import fields, is_dataclass
 
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+from tqdm import tqdm
 
 from trainer.config import did_you_mean
 
@@ -83,6 +84,13 @@ def without_notices(pattern: re.Pattern = DEEPSPEED_OP_NOTICE) -> Iterator[None]
     finally:
         kept = [line for line in captured.getvalue().splitlines(keepends=True) if not pattern.match(line.rstrip("\n"))]
         sys.stdout.write("".join(kept))
+
+
+def show(line: str, err: bool = True) -> None:
+    """Print ``line`` on the console (stderr, or stdout: ``err=False``) above any progress bar, and put it
+    in the run dir's log: at DEBUG, which the console handler leaves out, so the console shows it once."""
+    tqdm.write(line, file=sys.stderr if err else sys.stdout)
+    logging.getLogger("trainer.console").debug(line)
 
 
 def exit_if_short(e: BaseException) -> None:

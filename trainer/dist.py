@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,7 +67,7 @@ def announce_op_build() -> str | None:
     if built.is_file():
         return None
     line = f"building DeepSpeed's CPU helper {builder.NAME} in {built.parent} (first run only, about a minute)"
-    print(line, file=sys.stderr, flush=True)
+    console.show(line)
     return line
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +16,7 @@ from tqdm import tqdm
 from models.batch import FeatureBatch
 from serving.prompts import write_prompt_file
 from trainer import checkpoint as ckpt
+from trainer import console
 from trainer.build import build, eval_batches
 from trainer.components import (
     EVAL_PROMPTS_FILE,
@@ -73,6 +73,8 @@ class Trainer:
             self.components.append(profiler)
         if b.resume_from:
             self.checkpointer.resume(b.resume_from)
+        elif cfg.trainer.resume == "auto" and self.par.is_main:
+            log.info(f"trainer.resume=auto: no checkpoint in {self.ckpt_root}, so the run starts from step 0")
 
     def close(self) -> None:
         """Remove DeepSpeed's gradient hooks: autograd holds them and they reference the DeepSpeed model, so
@@ -144,17 +146,17 @@ class Trainer:
     def fit(self) -> dict:
         """Evaluate the draft the run starts from (untrained, or a resumed checkpoint's), train, export, evaluate
         again; returns the summary."""
-        began, resumed = time.perf_counter(), self.built.resume_from is not None
+        resumed = self.built.resume_from is not None
         if self.par.is_main:  # the serving eval's prompts: `python -m serving.eval ... --prompts RUN/eval_prompts.jsonl`
             write_prompt_file(self.built.prompts, self.run_dir / EVAL_PROMPTS_FILE)
         self.checkpointer.wandb_id = self.metrics.open(self.cfg, self.run_dir, self.checkpointer.wandb_id, resumed)
         try:
-            return self._fit(began)
+            return self._fit()
         except BaseException as e:  # end the wandb run as failed or stopped rather than leave it open
             self.metrics.finish(exit_code=self.signals.exit_code() if isinstance(e, Stop) else 1)
             raise
 
-    def _fit(self, began: float) -> dict:
+    def _fit(self) -> dict:
         # before the clock runs: the first batches build kernels and wake the engine, so a resumed run, like a fresh
         # one, leaves that warm-up out of trainer.max_time_s (an H200 resume without it spent 27 s of its clock there)
         self.signals.enter(START_EVAL)
@@ -171,23 +173,24 @@ class Trainer:
         self.signals.enter(SERVING_EVAL)
         served, progress = self.validator.serve_eval(), self.metrics.progress()
         trained |= metrics_only(served)
-        summary = run_summary(self, time.perf_counter() - began, start, trained, served, progress)
+        summary = run_summary(self, self.signals.phase_seconds(), start, trained, served, progress)
         self.metrics.log(trained | progress, self.state.step)
         self.metrics.finish(summary)
         return summary
 
 
-def run_summary(trainer: Trainer, wall_s: float, start: dict, trained: dict, served: dict, progress: dict) -> dict:
-    """A finished run's ``summary.json``: what ``trainer`` trained, where it stopped, its evaluations and exports."""
-    state, b = trainer.state, trainer.built
+def run_summary(trainer: Trainer, phase_s: dict[str, float], start: dict, trained: dict, served: dict, progress: dict) -> dict:
+    """A finished run's ``summary.json``: what ``trainer`` trained, where it stopped, its evaluations and exports
+    (``phase_s``: the phases so far; ``run`` adds those after)."""
+    state, b, serve_eval = trainer.state, trainer.built, trainer.cfg.trainer.serve_eval
     return {
         "steps": state.step,
         "ranks": trainer.par.world,
         "stopped_by": state.stopped_by(trainer.cfg.trainer.max_steps),
-        "wall_time_s": wall_s,
+        "wall_time_s": sum(phase_s.values()),
         "train_time_s": state.train_s,
         "tokens_seen": int(progress[M.TOKENS_SEEN]),
-        "eval_prompts": b.prompt_origin,
+        "eval_prompts": b.prompt_origin if serve_eval else None,  # none decoded with trainer.serve_eval=false
         "resumed_from": str(b.resume_from) if b.resume_from else None,
         "start_eval_sim_accept_len": start[M.EVAL_SIM_ACCEPT],
         "eval_sim_accept_len": trained[M.EVAL_SIM_ACCEPT],
@@ -202,12 +205,13 @@ def run_summary(trainer: Trainer, wall_s: float, start: dict, trained: dict, ser
     }
 
 
-def run(cfg: Config, run_dir: Path, on_start: Callable[[], None] = lambda: None) -> dict:
+def run(cfg: Config, run_dir: Path, on_start: Callable[[], None] = lambda: None, signals: StopSignals | None = None) -> dict:
     """Train, export and evaluate one run; rank 0 writes ``summary.json`` and prints it. Nothing is
     written before the trainer is built (inputs, target, data, resume checks); then ``on_start`` runs.
+    ``signals``: its start-up phase begins when they were made (the command line's: at process start).
     SIGINT / SIGTERM end it in any phase (``StopSignals``) with exit code 128 + the signal; an engine that
     failed, died or hung ends it with exit code 1, the rank it served saying why and how to resume."""
-    signals = StopSignals()
+    signals = signals or StopSignals()
     signals.install()  # from the start: DeepSpeed's first init may build an op for a minute
     run_dir, is_main = run_dir / cfg.trainer.output_dir, os.environ.get("RANK", "0") == "0"
     try:
@@ -224,7 +228,8 @@ def run(cfg: Config, run_dir: Path, on_start: Callable[[], None] = lambda: None)
             summary |= measure_speedup(cfg, Path(summary["export_dir"]), trainer.built.target.path, run_dir)
             add_speedup(Path(summary["export_dir"]), summary.get("speedup", {}))
         signals.enter(REPORT)
-        summary |= {"phase_s": signals.phase_seconds(), "engine_start_s": trainer.target_source.start_s}
+        phase_s = signals.phase_seconds()  # wall time: the phases', from the start-up's beginning to the summary
+        summary |= {"wall_time_s": sum(phase_s.values()), "phase_s": phase_s, "engine_start_s": trainer.target_source.start_s}
         summary |= {"summary_path": str(run_dir / "summary.json"), "report": str(run_dir / REPORT_DIR / REPORT_FILE)}
         if par.is_main:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -233,10 +238,10 @@ def run(cfg: Config, run_dir: Path, on_start: Callable[[], None] = lambda: None)
         return summary
     except Stop:
         if is_main:
-            print(signals.message(run_dir / CHECKPOINTS, run_dir), file=sys.stderr, flush=True)
+            console.show(signals.message(run_dir / CHECKPOINTS, run_dir))
         raise SystemExit(signals.exit_code()) from None
     except EngineError as e:
-        print(f"{e}\n{signals.message(run_dir / CHECKPOINTS, run_dir, by='the engine failure')}", file=sys.stderr, flush=True)
+        console.show(f"{e}\n{signals.message(run_dir / CHECKPOINTS, run_dir, by='the engine failure')}")
         raise SystemExit(1) from e
     finally:
         signals.restore()

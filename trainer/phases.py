@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from trainer import checkpoint as ckpt
 
 STARTUP, START_EVAL, TRAINING = "start-up", "start-of-run held-out eval", "training"
@@ -15,6 +17,11 @@ END_EVAL, SERVING_EVAL, REPORT = "end-of-run held-out eval", "end-of-run export,
 SPEEDUP = "speedup measurement (trainer.speedup)"
 PHASES = (STARTUP, START_EVAL, TRAINING, END_EVAL, SERVING_EVAL, SPEEDUP, REPORT)
 PERIODIC_EVAL = "serving eval between training steps (trainer.export_every)"  # a stop cuts it and the training short
+
+
+def process_start() -> float:
+    """When this process started (its imports are part of the start-up), on the clock the phases are timed by."""
+    return time.perf_counter() - (time.time() - psutil.Process().create_time())
 
 
 class Stop(Exception):

@@ -19,6 +19,7 @@ from models.sglang_preflight import check_target, choose_attention_backend, tp_s
 from models.sglang_target import SGLangTarget
 from models.target import HFTargetEngine, load_tokenizer
 from models.target_head import TargetHead, checkpoint_bytes
+from trainer import console
 from trainer.config import Config, EngineConfig, TargetConfig, TrainConfig
 from trainer.dist import Parallel, group_port
 
@@ -69,9 +70,9 @@ def with_eval_target(
             f"skipped: the target checkpoint {target.path} is {gb:.1f} GB, over trainer.serve_eval_max_gb={cfg.serve_eval_max_gb:g} "
             "(raise it, or null for no limit, to load the target for the eval); exported and verified only"
         )
-        print(f"serving eval {why}")
+        console.show(f"serving eval {why}", err=False)
         return run(None) | {"serve_eval": why}
-    print(f"serving eval: loading the whole target {target.path} ({gb:.1f} GB) on {device} for this eval; freed after it")
+    console.show(f"serving eval: loading the whole target {target.path} ({gb:.1f} GB) on {device} for this eval; freed after it", err=False)
     engine = HFTargetEngine.from_path(target.path, aux_layer_ids=target.head.info.aux_layer_ids, device=device, dtype=dtype)
     try:
         return run(engine.model) | {"serve_eval": f"the target loaded for the eval ({gb:.1f} GB), then freed"}
@@ -143,7 +144,7 @@ def sglang_factory(cfg: Config, ids: Sequence[int], dtype: torch.dtype, par: Par
         raise ValueError(f"config engine.sglang.tp_size: {problem} ({factory.path}/config.json); choose a tp_size that does")
     choice = choose_attention_backend(factory.attention_backend, torch.cuda.get_device_capability(par.device))
     if par.rank == 0:
-        print(f"engine=sglang: {choice.describe()}", flush=True)
+        console.show(f"engine=sglang: {choice.describe()}", err=False)
     return replace(factory, attention_backend=choice.backend)
 
 

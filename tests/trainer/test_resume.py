@@ -259,6 +259,7 @@ def test_sigterm_saves_and_says_how_to_resume(tmp_path):
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 128 + signal.SIGTERM
     assert "stopped by SIGTERM during the training" in out and "trainer.resume=auto" in out, out[-2000:]
+    assert f"trainer.resume=auto hydra.run.dir={tmp_path}" in (tmp_path / "__main__.log").read_text()  # the log has it too
     saved = ckpt.latest(tmp_path / "checkpoints")
     assert saved is not None and 1 <= ckpt.read_meta(saved)["position"]["step"] < 50
 

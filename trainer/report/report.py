@@ -68,7 +68,7 @@ def key_figures(summary: dict) -> list[tuple[str, str]]:
         ("optimizer steps", summary.get("steps")),
         ("stopped by", summary.get("stopped_by")),
         ("trainer ranks", summary.get("ranks")),
-        ("wall time", None if summary.get("wall_time_s") is None else f"{summary['wall_time_s']:.1f} s"),
+        ("wall time from process start", None if summary.get("wall_time_s") is None else f"{summary['wall_time_s']:.1f} s"),
         ("wall time by phase", _phases(summary)),
         ("held-out sim. accept length", _accept(summary)),
         ("real accept length τ (bonus incl.)", _tau(evals)),
