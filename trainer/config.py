@@ -258,6 +258,7 @@ class TrainConfig:
     max_time_s: Optional[float] = None  # caps the run's training seconds (stream + draft steps; a resume goes on counting)
     seed: int = 0  # the draft's initialisation, the data shuffle and the held-out split
     device: str = "auto"  # auto | cpu | cuda
+    threads: Optional[int] = None  # torch CPU threads of the trainer and its engine process (1: fastest on a busy CPU); null: default
     log_every: int = 10  # optimizer steps between metric rows (wandb, metrics.jsonl)
     export_every: Optional[int] = None  # optimizer steps between export -> verify -> serving eval; the end always does it
     eval_batches: Optional[int] = None  # held-out batches per evaluation; None: all
@@ -282,6 +283,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 1, "trainer.epochs", "must be >= 1")
+        _require(self.threads is None or self.threads >= 1, "trainer.threads", "must be >= 1 (null: torch's default)")
         _require(self.checkpoint_every is None or self.checkpoint_every >= 1, "trainer.checkpoint_every", "must be >= 1")
         _require(self.keep_last >= 1, "trainer.keep_last", "must be >= 1")
         _require(self.on_nan in ("stop", "skip"), "trainer.on_nan", f"{self.on_nan!r} is not stop or skip")

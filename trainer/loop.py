@@ -214,6 +214,8 @@ def run(cfg: Config, run_dir: Path, on_start: Callable[[], None] = lambda: None,
     signals = signals or StopSignals()
     signals.install()  # from the start: DeepSpeed's first init may build an op for a minute
     run_dir, is_main = run_dir / cfg.trainer.output_dir, os.environ.get("RANK", "0") == "0"
+    if cfg.trainer.threads is not None:  # an engine process takes this process's count
+        torch.set_num_threads(cfg.trainer.threads)
     try:
         check_inputs(cfg, run_dir / CHECKPOINTS)  # before DeepSpeed and the target start: a wrong path is an error in a second
         par = init_parallel(resolve_device(cfg.trainer.device))

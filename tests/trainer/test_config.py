@@ -78,6 +78,7 @@ def test_wrong_type_is_refused():
         ("schedule.name=linear", "schedule.name"),
         ("schedule.decay_ratio=0", "schedule.decay_ratio"),
         ("draft.ttt_steps=0", "draft.ttt_steps"),
+        ("trainer.threads=0", "trainer.threads: must be >= 1"),
         ("draft.intermediate_size=0", "draft.intermediate_size"),
         ("data.mix={web:1.0}", "data.mix"),
         ("trainer.checkpoint_at_s=[60]", "trainer.checkpoint_at_s: marks a time on trainer.max_time_s's clock, which is not set"),

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import trainer.loop
 from tests.fixtures.tiny import ROOT, TINY, tiny_config
@@ -63,6 +64,16 @@ def test_an_initial_draft_that_is_no_draft_dir_is_refused_before_anything_starts
     (tmp_path / "draft" / "config.json").write_text("{}")
     with pytest.raises(ValueError, match="config draft.init_from: .*draft has no model.safetensors"):
         run(tiny_config(f"draft.init_from={tmp_path / 'draft'}"), tmp_path)
+
+
+def test_trainer_threads_sets_torchs_threads_first(nothing_heavy, tmp_path):
+    before = torch.get_num_threads()
+    try:
+        with pytest.raises(ValueError, match="trainer.eval_prompts_file"):
+            run(tiny_config(f"trainer.threads={before + 1}", f"trainer.eval_prompts_file={tmp_path / 'none.jsonl'}"), tmp_path)
+        assert torch.get_num_threads() == before + 1
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_a_missing_prompt_file_is_named(nothing_heavy, tmp_path):
