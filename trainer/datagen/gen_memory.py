@@ -22,8 +22,8 @@ GREEDY_BYTES = 6  # a [request, vocab] element of greedy decoding: the bf16 logi
 # sampled (top-p): float32 probabilities 4, sorted 4, their int64 indices 8, the cumulative sum 4, its difference
 # with the sorted probabilities 4 and that comparison's mask 1, all alive at once
 SAMPLED_BYTES = 25
-# --replicas auto: at most this many, where the host's cores rather than the GPU bound a small target's
-# generation (docs/BENCHMARKS.md, "The `h200_quality` recipe on the SGLang engine, generation replicas")
+# --replicas auto: at most this many, the most measured, where the host's cores rather than the GPU bound a small
+# target's generation (docs/BENCHMARKS.md, "Generation speed")
 MOST_REPLICAS = 4
 
 
