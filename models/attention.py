@@ -7,7 +7,7 @@ flex has no backward). The step-j keys (one per row) are merged in by log-sum-ex
     out = sum_i softmax([lse0, d_1 .. d_k])_i * [out0, v_1 .. v_k]_i
 
 which equals a softmax over ``[scores0, d_1 .. d_k]`` (tests/trainer/test_ttt.py checks it against
-an explicit full mask). Measured on an H200, 8B draft shapes: docs/BENCHMARKS.md, "The draft step alone".
+an explicit full mask). Measured on an H200, 8B draft shapes: docs/BENCHMARKS.md, "Training throughput and MFU".
 
 Packed rows (``doc_ids`` [B, T], several documents a row) make step 0 causal *within each
 document*; the same-row keys of later steps never cross a document.

@@ -142,8 +142,7 @@ class Pointwise:
 
     @classmethod
     def default_for(cls, device: torch.device) -> Pointwise:
-        """Compiled on CUDA (measured faster there: docs/BENCHMARKS.md, "Two GPUs, the whole `gpu` marker, and the draft
-        step's profile"), eager elsewhere."""
+        """Compiled on CUDA (measured faster there: docs/BENCHMARKS.md, "Training throughput and MFU"), eager elsewhere."""
         return cls(compiled=device.type == "cuda")
 
     def __call__(self, name: str) -> Callable:

@@ -26,8 +26,8 @@ GIB = 2**30
 H200_BYTES = 143_771 * 2**20  # nvidia-smi's total on an H200
 CONTEXT_BYTES = 1.5e9  # est: a CUDA context with NCCL buffers, per process (docs/SGLANG.md)
 EXTRA_CONTEXT = 4  # SGLang 0.5.14 req_to_token row headroom without speculative decoding (mem_cache/common.py:260)
-# The 8B-shaped measurement the draft activations are scaled from: docs/BENCHMARKS.md, "Online feature
-# stream vs offline, 8B-shaped target", its colocated row (Llama-3.1-8B target, draft vocab 32000,
+# The 8B-shaped measurement the draft activations are scaled from: docs/BENCHMARKS.md, "Training
+# throughput and MFU", its peak GPU memory row (colocated) (Llama-3.1-8B target, draft vocab 32000,
 # 4 x 2048 tokens, TTT 7): trainer peak 25.2 GiB, with torch AdamW (bf16 states, no master copy)
 # on one GPU.
 MEASURED_8B = {

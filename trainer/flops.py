@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from models.draft import DraftShape
 
-H200_BF16_PEAK_TFLOPS = 790.0  # bf16 dense matmul ceiling, measured on the H200 (docs/BENCHMARKS.md, Machines)
+H200_BF16_PEAK_TFLOPS = 790.0  # bf16 dense matmul ceiling, measured on the H200 (docs/BENCHMARKS.md, its opening paragraph)
 
 
 def flops_per_token(target_config, s: DraftShape, seq: int, ttt: int) -> dict[str, float]:

@@ -12,7 +12,7 @@ backward, the optimizer and every component after it. The run dir's ``profile/``
 
 A profiled run is slower over the traced steps; its throughput figures there are the profiler's, not the run's. On
 the H200 (torch 2.11) a profiled run also stayed slower after LAST: a median of 0.146 s a step against 0.134 s in an
-unprofiled run of the same recipe, both 0.133-0.138 s before FIRST (docs/BENCHMARKS.md, section 28). Profile a run
+unprofiled run of the same recipe, both 0.133-0.138 s before FIRST (docs/device_runs/2026-12-03-h200-hass-profile/). Profile a run
 whose later throughput is not a figure you need.
 """
 

@@ -2,7 +2,7 @@
 
 SGLang's scheduler walks its running requests in Python at every decode step; with a small
 target (SmolLM2-135M) that one process sits at 100 % of a CPU core while the GPU idles
-(docs/BENCHMARKS.md, "Data at engine speed and the `h200_quality` recipe"). N replicas are N
+(docs/BENCHMARKS.md, "Generation speed"). N replicas are N
 engines on the same device, each with its own scheduler on its own core. A call deals its
 prompts out round-robin (every replica gets the same mix of lengths), the replicas generate at
 the same time, and the replies come back in prompt order.
