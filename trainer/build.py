@@ -17,7 +17,7 @@ from serving.prompts import PromptSpec, distinct, prompts_from_conversations, re
 from trainer import checkpoint as ckpt
 from trainer.config import Config
 from trainer.data import EncodedSample, MixLoader, read_chat_template, token_batches
-from trainer.data_setup import PreparedData, prepare_data, train_batcher
+from trainer.data_setup import PreparedData, prepare_data, read_sources, train_batcher
 from trainer.dist import Parallel
 from trainer.draft_init import InitialDraft, initial_draft
 from trainer.engine_memory import check_engine_memory
@@ -89,6 +89,7 @@ def build(cfg: Config, par: Parallel, ckpt_root: Path) -> Built:
     """Build a run in a fixed order (the seed is set first: the draft's initialisation draws from it)."""
     torch.manual_seed(cfg.trainer.seed)
     dtype = _dtype(cfg.target.dtype, par.device)
+    sources = read_sources(cfg.data)  # before the target loads: a bad record is an error in seconds
     target = load_target(cfg.target, cfg.engine.mode, par.device, dtype)
     head, ids = target.head, tuple(target.head.info.aux_layer_ids)
     if cfg.data.chat_template is not None:  # the data and the serving eval render with it
@@ -99,7 +100,7 @@ def build(cfg: Config, par: Parallel, ckpt_root: Path) -> Built:
     shape = init.shape if init else configured
     identity = RunIdentity(cfg, head.info, shape, ckpt.tensor_digest(head.embed_weight), dtype, par.world)
     source = TargetSource(target_factory(cfg, ids, dtype, par), engine=target.engine, info=head.info)
-    data = prepare_data(cfg.data, head.tokenizer, cfg.trainer.seed, cfg.trainer.eval_prompts_file)
+    data = prepare_data(cfg.data, head.tokenizer, cfg.trainer.seed, cfg.trainer.eval_prompts_file, sources)
     loader = data.train_loader(train_batcher(cfg.data, target.pad_id), par.rank, par.world)
     prompts, prompt_origin = eval_prompt_set(cfg, data)
     resume_from = resume_path(cfg.trainer.resume, ckpt_root)

@@ -1,4 +1,4 @@
-"""From config to the run's data: read the sources, split off the held-out side (``Holdout``),
+"""From config to the run's data: read the sources (``read_sources``, before the target loads), split off the held-out side (``Holdout``),
 check training prompts against held-out prompt files, cap, encode, and mix (``prepare_data``)."""
 
 from __future__ import annotations
@@ -78,6 +78,23 @@ def _read(name: str, src: DataSourceConfig, on_error: str):
         )
     except MalformedRecord as e:
         raise MalformedRecord(f"{e}\n(data.on_error=skip skips malformed records and counts them)") from e
+
+
+Sources = dict[str, tuple[list[Conversation], DatasetStats]]  # source -> its conversations and reading counters
+
+
+def read_sources(cfg: DataConfig) -> Sources:
+    """Every source the mix uses (all of ``data.sources`` when ``data.mix`` is unset), read and checked: a
+    record that is not UTF-8, not JSON or not of its format names its file and line. Needs no tokenizer, so a
+    run reads its data before the target loads; a source with no conversation left is an error here too."""
+    if not cfg.sources:
+        raise ValueError("config data.sources: no source; select a data group (data=chatterbot, data=sharegpt, ...)")
+    sources = {}
+    for name in list(cfg.mix) if cfg.mix is not None else list(cfg.sources):
+        convs, stats = sources[name] = _read(name, cfg.sources[name], cfg.on_error)
+        if not convs:
+            raise no_samples_error(name, cfg.sources[name], stats, 0)
+    return sources
 
 
 def no_samples_error(name: str, src: DataSourceConfig, stats: DatasetStats, train_conversations: int) -> ValueError:
@@ -164,35 +181,34 @@ def check_split_sizes(cfg: DataConfig, holdout: "Holdout", train: dict[str, list
             )
 
 
-def prepare_data(cfg: DataConfig, tokenizer, seed: int, eval_prompts_file: str | None = None) -> PreparedData:
-    """Read, split, cap and encode the sources the mix uses (all of ``data.sources`` when
-    ``data.mix`` is unset); held-out conversations never reach training. A training
+def prepare_data(
+    cfg: DataConfig, tokenizer, seed: int, eval_prompts_file: str | None = None, sources: Sources | None = None
+) -> PreparedData:
+    """Split, cap and encode the sources the mix uses (``sources``: as ``read_sources`` read them; None:
+    read here); held-out conversations never reach training. A training
     conversation whose first prompt repeats a prompt of ``data.heldout_prompt_files`` or
     ``eval_prompts_file`` (exactly or as a near-duplicate) is an error, and so is an empty
     training or held-out side (``check_split_sizes``)."""
-    if not cfg.sources:
-        raise ValueError("config data.sources: no source; select a data group (data=chatterbot, data=sharegpt, ...)")
-    names = list(cfg.mix) if cfg.mix is not None else list(cfg.sources)
+    sources = read_sources(cfg) if sources is None else sources
     holdout = Holdout.of(cfg, seed)
     with TokenizerPool(tokenizer, cfg.encode_workers or default_workers()) as pool:
-        train, held, held_convs_by_source, stats = _encode_sources(cfg, names, tokenizer, holdout, eval_prompts_file, pool)
+        train, held, held_convs_by_source, stats = _encode_sources(cfg, sources, tokenizer, holdout, eval_prompts_file, pool)
     check_split_sizes(cfg, holdout, train, held)
     weights = dict(cfg.mix) if cfg.mix is not None else None
-    mix = Mix({n: len(train[n]) for n in names}, weights, seed, cfg.epoch_samples)
+    mix = Mix({n: len(train[n]) for n in sources}, weights, seed, cfg.epoch_samples)
     return PreparedData(
         train=train, eval=held, eval_conversations=held_convs_by_source, stats=stats, mix=mix, heldout_rule=holdout.describe()
     )
 
 
 def _encode_sources(
-    cfg: DataConfig, names: list[str], tokenizer, holdout: Holdout, eval_prompts_file: str | None, pool: TokenizerPool
+    cfg: DataConfig, sources: Sources, tokenizer, holdout: Holdout, eval_prompts_file: str | None, pool: TokenizerPool
 ) -> tuple[dict, dict, dict, dict]:
-    """Each source read, split, leak-checked, cut and encoded: (train, held, held conversations, stats) by source."""
+    """Each source split, leak-checked, cut and encoded: (train, held, held conversations, stats) by source."""
     policy, leaks = mask_policy(cfg), leak_check(cfg, eval_prompts_file)
     train, held, held_convs_by_source, stats = {}, {}, {}, {}
-    for name in names:
+    for name, (convs, read_stats) in sources.items():
         src = cfg.sources[name]
-        convs, read_stats = _read(name, src, cfg.on_error)
         train_convs, held_convs = holdout.split(name, convs)
         if leaks is not None:
             firsts = ((str(i), first_user_turn(c)) for i, c in enumerate(train_convs))

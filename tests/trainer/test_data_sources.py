@@ -150,6 +150,7 @@ def test_duplicates_and_no_assistant_are_skipped_and_counted(tmp_path):
 
 
 BAD_LINES = {
+    "not utf-8": ('{"messages": "\xe0"}'.encode("latin-1"), r"not UTF-8 \(byte 0xe0 at column 15: invalid continuation byte\)"),
     "not json": ("{not json", "not valid JSON"),
     "not an object": ("[1, 2]", "must be an object"),
     "missing key": ('{"msgs": []}', "needs key 'messages'"),
@@ -163,7 +164,10 @@ BAD_LINES = {
 def test_malformed_line_names_file_and_line(tmp_path, case):
     line, message = BAD_LINES[case]
     path = tmp_path / "bad.jsonl"
-    path.write_text(json.dumps(_messages(EXPECTED[0])) + "\n\n" + line + "\n" + json.dumps(_messages(EXPECTED[1])) + "\n")
+    line = line if isinstance(line, bytes) else line.encode()
+    path.write_bytes(
+        json.dumps(_messages(EXPECTED[0])).encode() + b"\n\n" + line + b"\n" + json.dumps(_messages(EXPECTED[1])).encode() + b"\n"
+    )
     with pytest.raises(ValueError, match=f"bad.jsonl:3: .*{message}"):
         _read("openai", path)
     convs, stats = _read("openai", path, on_error="skip")
@@ -191,6 +195,9 @@ def test_json_array_errors(tmp_path):
     path.write_text('[\n  {"conversations": []},\n  "text"\n]')
     with pytest.raises(ValueError, match="a.json:3: a ShareGPT record must be an object"):
         _read("sharegpt", path)
+    path.write_bytes(b'[\n  {"conversations": []},\n  "\xff"\n]')
+    with pytest.raises(ValueError, match=r"a.json:3: not UTF-8 \(byte 0xff at column 4: invalid start byte\); a JSON array cannot"):
+        _read("sharegpt", path, on_error="skip")
 
 
 @pytest.mark.parametrize(

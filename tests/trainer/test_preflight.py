@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+import trainer.build
 import trainer.loop
 from tests.fixtures.tiny import ROOT, TINY, tiny_config
 from trainer.loop import run
@@ -74,6 +75,18 @@ def test_trainer_threads_sets_torchs_threads_first(nothing_heavy, tmp_path):
         assert torch.get_num_threads() == before + 1
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_data_file_that_is_not_utf8_is_named_before_the_target_loads(tmp_path, monkeypatch, on_error):
+    def loaded(*args):
+        raise AssertionError("the target loaded before the data was read")
+
+    monkeypatch.setattr(trainer.build, "load_target", loaded)
+    (tmp_path / "binary.jsonl").write_bytes(b"\xe0\x80\x00\x01 binary\n")
+    said = {"raise": r"binary.jsonl:1: not UTF-8 \(byte 0xe0 at column 1", "skip": r"binary.jsonl\): no training sample .* 1 malformed"}
+    with pytest.raises(ValueError, match=said[on_error]):
+        run(tiny_config(*sharegpt(tmp_path / "binary.jsonl"), f"data.on_error={on_error}"), tmp_path / "run")
 
 
 def test_a_missing_prompt_file_is_named(nothing_heavy, tmp_path):

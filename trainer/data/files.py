@@ -7,9 +7,9 @@
 - a directory written by ``datasets``' ``save_to_disk``: one record a row (needs ``datasets``).
 - any other directory: its ``.json`` / ``.jsonl`` / ``.parquet`` files, sorted by name.
 
-A line that is not valid JSON comes back as a ``RawRecord`` with ``error`` set, so the
-caller's ``data.on_error`` decides; a JSON array with a syntax error cannot be read past the
-error and raises ``ValueError`` naming file:line:column.
+A line that is not UTF-8 or not valid JSON comes back as a ``RawRecord`` with ``error`` set, so
+the caller's ``data.on_error`` decides; a JSON array with a bad byte or a syntax error cannot be
+read past it and raises ``ValueError`` naming file:line:column.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Iterator
 
-from serving.jsonl import RawRecord, json_lines
+from serving.jsonl import RawRecord, json_lines, utf8_error
 
 FILE_SUFFIXES = (".json", ".jsonl", ".parquet")
 HF_DISK_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
@@ -57,17 +57,28 @@ def read_file(path: Path) -> Iterator[RawRecord]:
     if path.suffix == ".parquet":
         yield from _parquet_rows(path)
     elif path.suffix == ".json" and _starts_with_bracket(path):
-        yield from _json_array(path, path.read_text(encoding="utf-8"))
+        yield from _json_array(path, _utf8_text(path))
     else:
         yield from json_lines(path)
 
 
 def _starts_with_bracket(path: Path) -> bool:
-    with path.open(encoding="utf-8") as f:
+    with path.open("rb") as f:
         while chunk := f.read(4096):
             if chunk.strip():
-                return chunk.lstrip().startswith("[")
+                return chunk.lstrip().startswith(b"[")
     return False
+
+
+def _utf8_text(path: Path) -> str:
+    """A whole file's text; a byte that is not UTF-8 is a ``ValueError`` naming its line and column."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line_start = data.rfind(b"\n", 0, e.start) + 1
+        line = data.count(b"\n", 0, line_start) + 1
+        raise ValueError(f"{path}:{line}: {utf8_error(e, line_start)}; a JSON array cannot be read past this") from None
 
 
 def _json_array(path: Path, text: str) -> Iterator[RawRecord]:
