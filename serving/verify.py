@@ -5,12 +5,15 @@ of ``serving.formats.EXPORT_FORMATS`` is verified in ``DIR/<engine>``.
 The checks, each a row of the problem table (exit code 1 when there is any):
 
 * ``format``   the config is this engine's format and parses (``serving/formats.py``);
+* ``widths``   the config's widths are the tensors' (a field that is not: one problem, and the
+  loader is not replayed, as each tensor would fail on it);
 * ``weights``  the engine's loader, replayed (``serving/loaders.py``), consumes every tensor,
   sets every parameter, and every shape matches the config;
 * ``vocab``    ``d2t`` / ``t2d`` satisfy the vocab map's invariants (``models/vocab_map.py``);
 * ``layers``   the aux layer ids are in range for the target, in the engine's semantics;
 * ``target``   the target architecture captures aux hidden states in this engine
-  (``serving/aux_capture_table.py``), its widths and vocab match the draft, and the draft's
+  (``serving/aux_capture_table.py``), its widths and vocab match the draft's config (its
+  ``hidden_size`` too, unless the export has an embedding of its own), and the draft's
   ``fc`` will actually run (SGLang skips it when the incoming width equals the embedding's).
 
 Without ``--target`` the target facts come from the export's ``streamdraft`` provenance; with it,
@@ -28,16 +31,19 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from models.aux_support import aux_capture_support
+from models.draft import DraftShape
 from models.target_config import read_text_config
 from models.vocab_map import VocabMap
 from serving.formats import CONFIG_FILE, EXPORT_FORMATS, WEIGHTS_FILE, ExportConfig, format_named, format_of, read_config_file
 from serving.loaders import Replay
 from serving.usage import PlainHelp
 
+EMBEDDING = "embed_tokens.weight"  # an export's own embedding (serving.formats.tensor_shapes: when not the target's width)
+
 
 @dataclass(frozen=True)
 class Problem:
-    check: str  # format | weights | vocab | layers | target
+    check: str  # format | widths | weights | vocab | layers | target
     item: str  # the tensor, parameter or field concerned
     message: str
 
@@ -68,6 +74,23 @@ class Report:
 
 
 # --------------------------------------------------------------------------- checks
+
+
+def _widths(report: Report, s: DraftShape, shapes: dict[str, tuple[int, ...]]) -> bool:
+    """The config's widths against the tensors' own; True when every one agrees."""
+    widths = {  # config field -> the tensor and dim that has its width, and the config's value
+        "hidden_size": ("norm.weight", 0, s.hidden_size),
+        "intermediate_size": ("midlayer.mlp.gate_proj.weight", 0, s.intermediate_size),
+        "draft_vocab_size": ("lm_head.weight", 0, s.draft_vocab_size),
+        "num_aux * target_hidden_size": ("fc.weight", 1, s.num_aux * s.target_hidden_size),
+    }
+    agree = True
+    for item, (tensor, dim, value) in widths.items():
+        got = shapes.get(tensor, ())
+        if len(got) > dim and got[dim] != value:
+            report.add("widths", item, f"{value} in {CONFIG_FILE}, {got[dim]} in the tensors ({tensor} {got}): they must agree")
+            agree = False
+    return agree
 
 
 def _weights(report: Report, replay: Replay) -> None:
@@ -110,7 +133,7 @@ def _layer_range(report: Report, parsed: ExportConfig, n: int) -> None:
         )
 
 
-def _target(report: Report, parsed: ExportConfig, t: TargetFacts) -> None:
+def _target(report: Report, parsed: ExportConfig, t: TargetFacts, own_embedding: bool) -> None:
     s, fmt = parsed.shape, EXPORT_FORMATS[parsed.engine]
     if t.architecture is None:
         report.add("target", "architecture", f"unknown target architecture ({t.source}): pass --target DIR to check aux capture")
@@ -127,6 +150,13 @@ def _target(report: Report, parsed: ExportConfig, t: TargetFacts) -> None:
             "target",
             "target_hidden_size",
             f"the draft reads {s.target_hidden_size}-wide target states, the target's hidden is {t.hidden_size}",
+        )
+    if t.hidden_size is not None and t.hidden_size != s.hidden_size and not own_embedding:
+        report.add(
+            "target",
+            "hidden_size",
+            f"{s.hidden_size} in {CONFIG_FILE}, the target's is {t.hidden_size}: the draft embeds with the target's embedding"
+            " (the export has none of its own)",
         )
     if t.vocab_size is not None and t.vocab_size != s.vocab_size:
         report.add(
@@ -199,10 +229,11 @@ def verify_export(export_dir: str | Path, engine: str, target: str | Path | None
     facts = target_facts(Path(target) if target is not None else None, parsed)
     shapes, small = _read_weights(export_dir / WEIGHTS_FILE, report)
     if shapes:
-        _replay(engine, config, shapes, facts.vocab_size, report)
+        if parsed is None or _widths(report, parsed.shape, shapes):
+            _replay(engine, config, shapes, facts.vocab_size, report)
         _vocab(report, small, parsed)
     if parsed is not None:
-        _target(report, parsed, facts)
+        _target(report, parsed, facts, EMBEDDING in shapes)
     return report
 
 

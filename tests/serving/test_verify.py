@@ -122,7 +122,7 @@ FAILURES = [
     (
         "wrong fc width",
         lambda t: t.update({"fc.weight": torch.zeros(576, 1152, dtype=torch.bfloat16)}),
-        ["fc.weight", "(576, 1152)", "(576, 1728)"],
+        ["fc.weight", "(576, 1152)", "num_aux * target_hidden_size: 1728 in config.json, 1152 in the tensors"],
     ),
     ("corrupted d2t", lambda t: t["d2t"].__setitem__(slice(0, 20), 0), ["corrupt vocab map", "first 20 d2t entries are all zero"]),
 ]
@@ -140,6 +140,16 @@ def test_field_failures_fail_verify_by_name(exports, target_dir, tmp_path, engin
     assert verify_main([str(out), "--engine", engine, "--target", str(target_dir)]) == 1
     printed = capsys.readouterr().out
     assert printed.startswith("FAIL") and expected[0] in printed
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_a_config_width_unlike_the_tensors_is_one_problem_and_against_the_target_another(exports, target_dir, tmp_path, engine):
+    out = _copy(exports, engine, tmp_path)
+    _edit_config(out, lambda c: (c["transformer_layer_config"] if engine == "vllm" else c).update(hidden_size=512))
+    widths = "widths hidden_size: 512 in config.json, 576 in the tensors (norm.weight (576,)): they must agree"
+    assert _messages(verify_export(out, engine)) == widths  # not each tensor's shape: they all follow from it
+    against = "target hidden_size: 512 in config.json, the target's is 576: the draft embeds with the target's embedding"
+    assert _messages(verify_export(out, engine, target_dir)).splitlines() == [widths, f"{against} (the export has none of its own)"]
 
 
 def test_dropped_tensors_are_called_silent_for_sglang_and_refused_for_vllm(exports, target_dir, tmp_path):
