@@ -23,7 +23,7 @@ from trainer.draft_init import InitialDraft, initial_draft
 from trainer.engine_memory import check_engine_memory
 from trainer.flops import device_peak_tflops
 from trainer.preflight import resume_path
-from trainer.schedule import RunClock, draft_optimizer, lr_factor
+from trainer.schedule import RunClock, ScheduleStart, draft_optimizer, run_lr_factor
 from trainer.stream.feature_stream import TargetSource
 from trainer.target_setup import TargetBundle, load_target, target_factory
 from trainer.ttt import TargetLabeler, TTTObjective
@@ -80,6 +80,7 @@ class Built:
     vocab: VocabMap  # the map trained with: built from this run's data, or the resumed checkpoint's
     labeler: TargetLabeler
     total_steps: int
+    schedule_start: ScheduleStart  # where the LR schedule starts: step 0, or a trained draft's continuation
     clock: RunClock  # the training seconds the LR schedule reads (trainer.components.TimeCap keeps them)
     ds_model: object  # deepspeed.DeepSpeedEngine wrapping a TTTObjective (the draft and its loss)
     peak_tflops: float | None  # None: no perf/mfu
@@ -111,6 +112,7 @@ def build(cfg: Config, par: Parallel, ckpt_root: Path) -> Built:
     vocab = VocabMap.load(resume_from / ckpt.VOCAB_FILE) if resume_from else built
     labeler = TargetLabeler(head.lm_head_weight, vocab.draft_to_target.to(par.device), vocab.t2d.to(par.device))
     total, clock = total_steps(cfg, data, loader, par), RunClock(cfg.trainer.max_time_s)
+    start = schedule_start(cfg, resume_from)
     return Built(
         dtype=dtype,
         target=target,
@@ -124,10 +126,24 @@ def build(cfg: Config, par: Parallel, ckpt_root: Path) -> Built:
         vocab=vocab,
         labeler=labeler,
         total_steps=total,
+        schedule_start=start,
         clock=clock,
-        ds_model=deepspeed_model(cfg, target, shape, vocab, total, clock, dtype, par.device, init),
+        ds_model=deepspeed_model(cfg, target, shape, vocab, total, start, clock, dtype, par.device, init),
         peak_tflops=device_peak_tflops(cfg.trainer.peak_tflops, par.device.type),
     )
+
+
+def schedule_start(cfg: Config, resume_from: Path | None) -> ScheduleStart:
+    """Where the run's LR schedule starts. A fresh run: step 0, continued under ``draft.init_from``. A resume that
+    changes ``schedule.name`` (grokking from a cosine checkpoint): a new schedule for a trained draft from the
+    checkpoint's step. Any other resume: the checkpoint's own start."""
+    if resume_from is None:
+        return ScheduleStart(0, continued=cfg.draft.init_from is not None)
+    meta = ckpt.read_meta(resume_from)
+    pos = ckpt.Position(**meta["position"])
+    if meta["fingerprint"]["schedule"]["name"] != cfg.schedule.name:
+        return ScheduleStart(pos.step, continued=True)
+    return ScheduleStart(pos.schedule_from_step, pos.continued)
 
 
 def eval_batches(cfg: Config, data: PreparedData, par: Parallel, pad_id: int) -> list[TokenBatch]:
@@ -186,6 +202,7 @@ def deepspeed_model(
     shape: DraftShape,
     vocab: VocabMap,
     total: int,
+    start: ScheduleStart,
     clock: RunClock,
     dtype: torch.dtype,
     device: torch.device,
@@ -205,7 +222,7 @@ def deepspeed_model(
     params = [p for p in objective.parameters() if p.requires_grad]
     s = cfg.schedule
     opt = draft_optimizer(params, s, device)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(s, step, total, clock.schedule_frac))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: run_lr_factor(s, start, step, total, clock.schedule_frac))
     config = deepspeed_config(cfg, dtype == torch.bfloat16)
     ds_model, *_ = deepspeed.initialize(model=objective, optimizer=opt, lr_scheduler=sched, config=config)
     return ds_model

@@ -39,6 +39,8 @@ class Position:
     micro: int  # micro-batches of that epoch already consumed (on every rank)
     train_s: float = 0.0  # training seconds up to here, over every resume (rank 0's; trainer.max_time_s counts them)
     schedule_start_s: float | None = None  # a time-capped run's seconds at its first step's end (trainer.schedule.RunClock)
+    schedule_from_step: int = 0  # the step its LR schedule starts at (trainer.schedule.ScheduleStart)
+    continued: bool = False  # that schedule continues a trained draft (peak lr x schedule.continue_lr_ratio)
 
 
 def vocab_digest(vocab: VocabMap) -> str:

@@ -263,13 +263,15 @@ class Checkpointer:
         self.state.pos, data_state = ckpt.load(self.built.ds_model, path)
         self.built.loader.load_state_dict(data_state, strict="data" not in self.cfg.trainer.resume_allow)
         self.state.step, self.state.train_s = self.state.pos.step, self.state.pos.train_s
-        self.built.clock.spent_s, self.built.clock.start_s = self.state.pos.train_s, self.state.pos.schedule_start_s
+        moved = self.built.schedule_start.step != self.state.pos.schedule_from_step  # a new schedule starts here
+        self.built.clock.spent_s, self.built.clock.start_s = self.state.pos.train_s, None if moved else self.state.pos.schedule_start_s
         self.saved_step = self.state.step
         self.marks = [t for t in self.marks if t > self.built.clock.spent_s]
 
     def save(self, kept: bool = False) -> Path:
         b = self.built
-        pos = replace(self.state.pos, schedule_start_s=b.clock.start_s)
+        start = b.schedule_start
+        pos = replace(self.state.pos, schedule_start_s=b.clock.start_s, schedule_from_step=start.step, continued=start.continued)
         self.saved_step = pos.step
         data_state = b.loader.state_for(pos.epoch, pos.micro)  # what was trained, not what was read ahead
         return ckpt.save(

@@ -145,6 +145,7 @@ class ScheduleConfig:
     warmup_ratio: float = 0.015  # the share of the run with a linear warmup
     min_lr_ratio: float = 0.0  # the floor of the cosine and wsd decays, as a fraction of lr
     decay_ratio: float = 0.2  # wsd: the share of the run (steps or trainer.max_time_s) over which the LR falls
+    continue_lr_ratio: float = 0.1  # the peak of a run on a trained draft (draft.init_from, a resume to a new schedule.name), x lr
     weight_decay: float = 0.01  # AdamW weight decay
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW betas
 
@@ -154,6 +155,7 @@ class ScheduleConfig:
         _require(0 <= self.warmup_ratio < 1, "schedule.warmup_ratio", "must be in [0, 1)")
         _require(0 <= self.min_lr_ratio <= 1, "schedule.min_lr_ratio", "must be in [0, 1]")
         _require(0 < self.decay_ratio <= 1, "schedule.decay_ratio", "must be in (0, 1]")
+        _require(0 < self.continue_lr_ratio <= 1, "schedule.continue_lr_ratio", "must be in (0, 1]")
         _require(len(self.betas) == 2, "schedule.betas", "needs two values")
 
 

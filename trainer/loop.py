@@ -8,6 +8,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -144,7 +145,7 @@ class Trainer:
             )
 
     def fit(self) -> dict:
-        """Evaluate the draft the run starts from (untrained, or a resumed checkpoint's), train, export, evaluate
+        """Evaluate the draft the run starts from (untrained, draft.init_from's, or a resumed checkpoint's), train, export, evaluate
         again; returns the summary."""
         resumed = self.built.resume_from is not None
         if self.par.is_main:  # the serving eval's prompts: `python -m serving.eval ... --prompts RUN/eval_prompts.jsonl`
@@ -192,6 +193,8 @@ def run_summary(trainer: Trainer, phase_s: dict[str, float], start: dict, traine
         "tokens_seen": int(progress[M.TOKENS_SEEN]),
         "eval_prompts": b.prompt_origin if serve_eval else None,  # none decoded with trainer.serve_eval=false
         "resumed_from": str(b.resume_from) if b.resume_from else None,
+        "init_from": trainer.cfg.draft.init_from,  # the trained draft the run started from (draft.init_from)
+        "schedule_start": asdict(b.schedule_start),
         "start_eval_sim_accept_len": start[M.EVAL_SIM_ACCEPT],
         "eval_sim_accept_len": trained[M.EVAL_SIM_ACCEPT],
         "eval": trained,

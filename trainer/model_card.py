@@ -12,8 +12,9 @@ from pathlib import Path
 
 from serving.formats import read_export_config
 from trainer.build import Built
-from trainer.config import Config
+from trainer.config import Config, ScheduleConfig
 from trainer.report import metrics as M
+from trainer.schedule import ScheduleStart
 
 CARD_FILE = "README.md"
 SPEEDUP_FILE = "serving.json"  # a serving benchmark's result, when one was written into the export
@@ -32,7 +33,6 @@ def model_card(engine: str, export_dir: Path, served: dict, cfg: Config, built: 
     template = (
         f"`{cfg.data.chat_template}` (data.chat_template: give it to the server too)" if cfg.data.chat_template else "the tokenizer's"
     )
-    start = f"`{cfg.draft.init_from}` (draft.init_from)" if cfg.draft.init_from else "the target's embedding and lm_head rows"
     lines = [
         f"# EAGLE-3 draft for {built.target.path.name}",
         "",
@@ -52,7 +52,7 @@ def model_card(engine: str, export_dir: Path, served: dict, cfg: Config, built: 
         f"KV heads, draft vocab {shape.draft_vocab_size} of {shape.vocab_size} target tokens",
         f"- feeds back its {'normed' if parsed.norm_output else 'pre-norm'} output at draft steps after the first "
         f"(norm_output {parsed.norm_output})",
-        f"- started from: {start}",
+        f"- started from: {_started_from(cfg, built)}",
         "",
         *_data(cfg, built),
         "",
@@ -67,6 +67,20 @@ def model_card(engine: str, export_dir: Path, served: dict, cfg: Config, built: 
         "```",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _started_from(cfg: Config, built: Built) -> str:
+    """The draft the run trained on: draft.init_from's, else one made from the target; and the checkpoint it resumed."""
+    start = f"`{cfg.draft.init_from}` (draft.init_from)" if cfg.draft.init_from else "the target's embedding and lm_head rows"
+    return start + (f"; resumed from the checkpoint `{built.resume_from}`" if built.resume_from else "")
+
+
+def _lr(s: ScheduleConfig, start: ScheduleStart) -> str:
+    """The peak LR: schedule.lr, or its continue_lr_ratio share on a trained draft (trainer.schedule.ScheduleStart)."""
+    if not start.continued:
+        return f"lr {s.lr:g}"
+    peak = s.lr * s.continue_lr_ratio
+    return f"peak lr {peak:g} (lr {s.lr:g} x continue_lr_ratio {s.continue_lr_ratio:g}: a trained draft, from step {start.step})"
 
 
 def _data(config: Config, built: Built) -> list[str]:
@@ -94,7 +108,8 @@ def _recipe(cfg: Config, built: Built, steps: int) -> list[str]:
         + (f", trainer.max_steps {cfg.trainer.max_steps}" if cfg.trainer.max_steps else "")
         + (f", trainer.max_time_s {cfg.trainer.max_time_s:g}" if cfg.trainer.max_time_s else "")
         + ")",
-        f"- schedule {s.name}, lr {s.lr:g}, warmup ratio {s.warmup_ratio:g}, weight decay {s.weight_decay:g}, betas {list(s.betas)}",
+        f"- schedule {s.name}, {_lr(s, built.schedule_start)}, warmup ratio {s.warmup_ratio:g}, weight decay {s.weight_decay:g}, "
+        f"betas {list(s.betas)}",
         f"- TTT {d.ttt_steps} steps, step weights {d.step_decay:g}^k; {built.identity.world} rank(s) x grad_accum "
         f"{cfg.deepspeed.grad_accum}, ZeRO {cfg.deepspeed.zero_stage}, seed {cfg.trainer.seed}",
     ]

@@ -6,7 +6,13 @@ A run's progress is the larger of its steps done and, under ``trainer.max_time_s
 the time budget spent: a time-capped run warms up over the first ``warmup_ratio`` of its time and
 ends its decay when its time ends, not at the step count its epochs would have taken. The time
 axis starts when the run's first step ends: that step's seconds are mostly compilation (about
-18 s of a 300-s budget on an H200), longer than the whole warmup."""
+18 s of a 300-s budget on an H200), longer than the whole warmup.
+
+A run that continues a trained draft (``draft.init_from``, or a resume that changes
+``schedule.name``: grokking from a checkpoint) has a ``ScheduleStart``: its schedule runs over the
+steps from that start, warmup included, and peaks at ``lr x continue_lr_ratio``. A trained draft sits
+in a minimum that the full LR of a draft made from the target would leave; a fresh AdamW moves every
+weight by about the LR on its first steps whatever its gradient."""
 
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ class ScheduleSettings(Protocol):
     warmup_ratio: float
     min_lr_ratio: float
     decay_ratio: float
+    continue_lr_ratio: float
     weight_decay: float
     betas: list[float]
 
@@ -49,6 +56,14 @@ class RunClock:
         if self.start_s is None or self.max_time_s is None or self.spent_s >= self.max_time_s:
             return self.time_frac
         return max(0.0, self.spent_s - self.start_s) / (self.max_time_s - self.start_s)
+
+
+@dataclass(frozen=True)
+class ScheduleStart:
+    """Where a run's LR schedule starts (kept in its checkpoints' position, so a resume goes on with it)."""
+
+    step: int = 0  # the optimizer step the warmup starts at: a resume that changed schedule.name, its step
+    continued: bool = False  # the draft was trained before this schedule: peak lr x continue_lr_ratio
 
 
 def warmup_steps(cfg: ScheduleSettings, total_steps: int) -> int:
@@ -86,6 +101,12 @@ def lr_factor(cfg: ScheduleSettings, step: int, total_steps: int, time_frac: flo
         return warmed
     done = min(1.0, max(step / max(1, total_steps), time_frac))  # the run's progress
     return SCHEDULES[cfg.name](cfg, done, warm / max(1, total_steps))
+
+
+def run_lr_factor(cfg: ScheduleSettings, start: ScheduleStart, step: int, total_steps: int, time_frac: float = 0.0) -> float:
+    """``lr_factor`` over the steps from ``start``, scaled by ``continue_lr_ratio`` for a trained draft."""
+    peak = cfg.continue_lr_ratio if start.continued else 1.0
+    return peak * lr_factor(cfg, step - start.step, total_steps - start.step, time_frac)
 
 
 def draft_optimizer(params: list[torch.nn.Parameter], cfg: ScheduleSettings, device: torch.device) -> torch.optim.AdamW:

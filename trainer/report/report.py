@@ -50,8 +50,14 @@ def _accept(summary: dict) -> str | None:
     trained = summary.get("eval_sim_accept_len")
     if trained is None:
         return None
-    start = "resumed" if summary.get("resumed_from") else "untrained"
-    return f"{fmt(summary['start_eval_sim_accept_len'])} -> {fmt(trained)}  ({start} -> trained)"
+    return f"{fmt(summary['start_eval_sim_accept_len'])} -> {fmt(trained)}  ({_start(summary)} -> trained)"
+
+
+def _start(summary: dict) -> str:
+    """The draft the run's first held-out eval measured: a resumed checkpoint's, draft.init_from's, or one made from the target."""
+    if summary.get("resumed_from"):
+        return "resumed"
+    return f"draft.init_from {summary['init_from']}" if summary.get("init_from") else "untrained"
 
 
 def _tau(evals: dict) -> str | None:
