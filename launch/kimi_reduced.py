@@ -1,14 +1,16 @@
 """A Kimi-K2.5-shaped target dir without decoder weights, for SGLang's ``load_format=dummy``.
 
     python launch/kimi_reduced.py /tmp/kimi5 --with-head        # 5 layers, 16 experts: fits 2 x H200 beside the trainers
+    python launch/kimi_reduced.py /tmp/kimi61 --layers 61 --experts 8 --int4 --with-head   # the real depth on one 80-GB GPU
     python launch/kimi_reduced.py /tmp/kimi-full --full         # the real 61 layers / 384 INT4 experts (the 8-GPU run)
 
-The architecture is ``DeepseekV3ForCausalLM``: the language model Kimi-K2.5
-(``KimiK25ForConditionalGeneration``, a vision wrapper) runs, with Kimi-K2.5's text-config
+The architecture is Moonshot's checkpoint's, ``KimiK25ForConditionalGeneration`` (a vision
+wrapper; its MoonViT tower is built with dummy weights like the rest) with the language model
+``DeepseekV3ForCausalLM`` in ``text_config`` (``--language-model``: that class's own config), with Kimi-K2.5's text-config
 widths (hidden 7168; MLA: 64 heads, q_lora 1536, kv_lora 512, rope 64, nope 128, v 128;
 vocab 163840; the first layer dense with intermediate 18432; MoE layers of 2048-wide experts,
 1 shared, top-8 of ``n_routed_experts``, sigmoid scores with a correction bias, one group).
-Reduced: fewer layers and routed experts, bf16 experts. ``--full``: Kimi-K2.5's counts and
+Reduced: fewer layers and routed experts, bf16 experts (``--int4``: Kimi's format). ``--full``: Kimi-K2.5's counts and
 its INT4 expert format (compressed-tensors, group 32).
 
 ``config.json`` carries every field SGLang 0.5.14's ``deepseek_v2.py`` reads without a default
@@ -17,9 +19,9 @@ The tokenizer is the embedded target's (SmolLM2-135M-Instruct, ``models.embedded
 ids are all below the vocab of 163,840, which is what the data path needs; Kimi's own tokenizer
 is not shipped. ``provenance.json`` says all this in the dir itself.
 
-``--with-head``: ``model.safetensors`` with a seeded random bf16 ``model.embed_tokens.weight``
-and ``lm_head.weight`` ([163840, 7168] each, 4.7 GB): the trainer reads the two by name (the
-draft's embedding, the labels' head); SGLang's dummy load never reads the file.
+``--with-head``: ``model.safetensors`` with the bf16 embedding and lm_head ([163840, 7168] each,
+4.7 GB) under the checkpoint's names, valued as SGLang's dummy load values them: the trainer reads
+the two by name (the draft's embedding, the labels' head); SGLang's dummy load never reads the file.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from models import hub  # noqa: E402
 from models.embedded import embedded_target_dir  # noqa: E402
 
 ARCHITECTURE = "DeepseekV3ForCausalLM"
+WRAPPER = "KimiK25ForConditionalGeneration"  # the class Moonshot's checkpoint names, a vision wrapper of ARCHITECTURE
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 # config fields SGLang 0.5.14 reads as ``config.<field>`` in models/deepseek_v2.py with no default
 # (tests/launch/test_kimi_reduced.py derives the list from the source when it is unpacked). The rope
@@ -154,18 +157,49 @@ KIMI_K25_INT4 = {
     },
     "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:model[.]layers[.]0[.]mlp[.].*", "re:.*mlp[.]gate$"],
 }
+# Kimi-K2.5's vision_config (MoonViT, 27 layers of 1152, and the patch-merger projector into 7168): the
+# vision tower reads the plain names, the projector the ``vt_`` ones, so both are written.
+KIMI_K25_VISION = {
+    "patch_size": 14,
+    "init_pos_emb_height": 64,
+    "init_pos_emb_width": 64,
+    "init_pos_emb_time": 4,
+    "pos_emb_type": "divided_fixed",
+    "num_attention_heads": 16,
+    "num_hidden_layers": 27,
+    "hidden_size": 1152,
+    "intermediate_size": 4304,
+    "vt_num_attention_heads": 16,
+    "vt_num_hidden_layers": 27,
+    "vt_hidden_size": 1152,
+    "vt_intermediate_size": 4304,
+    "merge_kernel_size": [2, 2],
+    "video_attn_type": "spatial_temporal",
+    "merge_type": "sd2_tpool",
+    "mm_projector_type": "patchmerger",
+    "mm_hidden_size": 1152,
+    "projector_hidden_act": "gelu",
+    "projector_ln_eps": 1e-5,
+    "text_hidden_size": 7168,
+}
 REDUCED = {"num_hidden_layers": 5, "n_routed_experts": 16}
+HEAD_NAMES = {  # the embedding's and lm_head's tensor names in each layout's checkpoint
+    ARCHITECTURE: ("model.embed_tokens.weight", "lm_head.weight"),
+    WRAPPER: ("language_model.model.embed_tokens.weight", "language_model.lm_head.weight"),
+}
 
 
-def kimi_config(layers: int, experts: int, *, int4: bool, tokens: dict[str, int], overrides: dict | None = None) -> dict:
-    """A DeepseekV3ForCausalLM config.json with Kimi-K2.5's widths, ``layers`` layers (the first
-    dense) and ``experts`` routed experts; ``int4``: Kimi's INT4 expert format. ``overrides``
-    replace widths (tiny CPU tests)."""
+def kimi_config(
+    layers: int, experts: int, *, int4: bool, tokens: dict[str, int], wrapper: bool = True, overrides: dict | None = None
+) -> dict:
+    """A config.json with Kimi-K2.5's widths, ``layers`` layers (the first dense) and ``experts``
+    routed experts; ``int4``: Kimi's INT4 expert format. ``wrapper``: as Moonshot's checkpoint has it,
+    ``KimiK25ForConditionalGeneration`` with the language model in ``text_config`` (model type
+    ``kimi_k2``) beside ``vision_config``; else the language model's own ``DeepseekV3ForCausalLM``
+    config. ``overrides`` replace text widths (tiny CPU tests)."""
     if layers < 2 or experts < KIMI_K25_TEXT["num_experts_per_tok"]:
         raise ValueError(f"--layers {layers} / --experts {experts}: need >= 2 layers (one dense, one MoE) and >= 8 experts (top-8)")
-    config = {
-        "architectures": [ARCHITECTURE],
-        "model_type": "deepseek_v3",
+    text = {
         **KIMI_K25_TEXT,
         **tokens,
         "num_hidden_layers": layers,
@@ -173,8 +207,24 @@ def kimi_config(layers: int, experts: int, *, int4: bool, tokens: dict[str, int]
         **(overrides or {}),
     }
     if int4:
-        config["quantization_config"] = KIMI_K25_INT4
-    return config
+        text["quantization_config"] = KIMI_K25_INT4
+    if not wrapper:
+        return {"architectures": [ARCHITECTURE], "model_type": "deepseek_v3", **text}
+    vision = {**KIMI_K25_VISION, "text_hidden_size": text["hidden_size"]}
+    text = {"architectures": [ARCHITECTURE], "model_type": "kimi_k2", **text}
+    return {
+        "architectures": [WRAPPER],
+        "model_type": "kimi_k25",
+        "text_config": text,
+        "vision_config": vision,
+        "pad_token_id": text["pad_token_id"],
+        "torch_dtype": "bfloat16",
+    }
+
+
+def text_config(config: dict) -> dict:
+    """The language model's fields of a config ``kimi_config`` wrote (either layout)."""
+    return config.get("text_config", config)
 
 
 def token_ids(tokenizer_dir: Path) -> dict[str, int]:
@@ -183,45 +233,65 @@ def token_ids(tokenizer_dir: Path) -> dict[str, int]:
     return {k: source[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
 
 
-def write_head(out: Path, vocab: int, hidden: int, device: str, seed: int = 0) -> Path:
-    """``model.safetensors`` with seeded random bf16 embedding and lm_head, [vocab, hidden] each."""
+def write_head(out: Path, architecture: str, vocab: int, hidden: int, device: str) -> Path:
+    """``model.safetensors`` with bf16 embedding and lm_head, [vocab, hidden] each, under the names
+    ``architecture``'s checkpoint gives them. The values are the ones SGLang's dummy load gives a
+    bf16 tensor of that shape (uniform in +-1e-3, a generator on the tensor's device seeded 1234 per
+    tensor: ``initialize_dummy_weights``), so that, drawn on a CUDA device, the trainer's head is the
+    head of the target SGLang serves with ``load_format=dummy``."""
     from safetensors.torch import save_file
 
-    g = torch.Generator(device=device).manual_seed(seed)
-    tensors = {
-        name: (torch.randn(vocab, hidden, generator=g, device=device) * 0.02).to(torch.bfloat16).cpu()
-        for name in ("model.embed_tokens.weight", "lm_head.weight")
-    }
+    def dummy() -> torch.Tensor:
+        g = torch.Generator(device=device).manual_seed(1234)
+        return torch.empty(vocab, hidden, dtype=torch.bfloat16, device=device).uniform_(-1e-3, 1e-3, generator=g).cpu()
+
+    tensors = {name: dummy() for name in HEAD_NAMES[architecture]}
     path = out / "model.safetensors"
     save_file(tensors, str(path), metadata={"format": "pt"})
     return path
 
 
 def write_target(
-    out: Path, *, full: bool, layers: int, experts: int, with_head: bool, head_device: str = "cpu", overrides: dict | None = None
+    out: Path,
+    *,
+    full: bool,
+    layers: int,
+    experts: int,
+    with_head: bool,
+    int4: bool = False,
+    wrapper: bool = True,
+    head_device: str = "cpu",
+    tokenizer: Path | None = None,
+    overrides: dict | None = None,
 ) -> dict:
-    """Write config.json, the tokenizer, provenance.json and (``with_head``) model.safetensors into ``out``."""
+    """Write config.json, the tokenizer, provenance.json and (``with_head``) model.safetensors into
+    ``out``. ``full``: Kimi-K2.5's layer and expert counts, INT4. ``tokenizer``: a dir with the
+    tokenizer files and a config.json of its bos / eos / pad ids (default: the embedded target's)."""
     if full:
-        layers, experts = KIMI_K25_TEXT["num_hidden_layers"], KIMI_K25_TEXT["n_routed_experts"]
-    tok = embedded_target_dir()
-    config = kimi_config(layers, experts, int4=full, tokens=token_ids(tok), overrides=overrides)
+        layers, experts, int4 = KIMI_K25_TEXT["num_hidden_layers"], KIMI_K25_TEXT["n_routed_experts"], True
+    tok = tokenizer if tokenizer is not None else embedded_target_dir()
+    config = kimi_config(layers, experts, int4=int4, tokens=token_ids(tok), wrapper=wrapper, overrides=overrides)
+    text, architecture = text_config(config), config["architectures"][0]
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=1))
     for name in TOKENIZER_FILES:
         shutil.copyfile(tok / name, out / name)
     (out / "model.safetensors").unlink(missing_ok=True)
     if with_head:
-        write_head(out, config["vocab_size"], config["hidden_size"], head_device)
+        write_head(out, architecture, text["vocab_size"], text["hidden_size"], head_device)
+    experts_format = "INT4 (compressed-tensors W4A16, group 32)" if int4 else "bf16"
     provenance = {
-        "architecture": f"{ARCHITECTURE}: the language model Kimi-K2.5 (KimiK25ForConditionalGeneration) wraps",
+        "architecture": f"{WRAPPER}, the vision wrapper Moonshot's checkpoint names, its language model {ARCHITECTURE} in text_config"
+        if wrapper
+        else f"{ARCHITECTURE}: the language model Kimi-K2.5 ({WRAPPER}) wraps",
         "widths": "Kimi-K2.5's text_config (launch/kimi_reduced.py: KIMI_K25_TEXT)",
         "shape": "full: Kimi-K2.5's 61 layers and 384 routed experts, INT4"
         if full
-        else f"reduced: {layers} layers (the first dense), {experts} routed experts, bf16",
+        else f"reduced: {layers} layers (the first dense), {experts} routed experts, {experts_format}",
         "weights": "none for the decoder: run SGLang with load_format=dummy (random weights of these shapes)"
         + ("; model.safetensors: seeded random bf16 embed_tokens and lm_head for the trainer" if with_head else ""),
         "tokenizer": f"SmolLM2-135M-Instruct's, copied from the embedded target {tok} (models/embedded.py); "
-        f"its ids are < {config['vocab_size']}; Kimi's own tokenizer is not shipped",
+        f"its ids are < {text['vocab_size']}; Kimi's own tokenizer is not shipped",
         "written_by": "launch/kimi_reduced.py",
     }
     (out / "provenance.json").write_text(json.dumps(provenance, indent=1))
@@ -235,13 +305,27 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--full", action="store_true", help="Kimi-K2.5's real 61 layers / 384 INT4 experts (the 8-GPU run)")
     p.add_argument("--layers", type=int, default=REDUCED["num_hidden_layers"])
     p.add_argument("--experts", type=int, default=REDUCED["n_routed_experts"])
+    p.add_argument("--int4", action="store_true", help="the routed experts in Kimi-K2.5's INT4 format (--full implies it)")
+    p.add_argument("--language-model", action="store_true", help=f"write {ARCHITECTURE}'s own config instead of the {WRAPPER} wrapper")
+    p.add_argument("--tokenizer", type=Path, default=None, help="a dir with the tokenizer to copy (default: the embedded target's)")
     p.add_argument("--with-head", action="store_true", help="also write random embed_tokens + lm_head (4.7 GB) for the trainer")
     p.add_argument("--head-device", default="cuda" if torch.cuda.is_available() else "cpu", help="where the random head is drawn")
     a = p.parse_args(argv)
-    config = write_target(a.out, full=a.full, layers=a.layers, experts=a.experts, with_head=a.with_head, head_device=a.head_device)
+    config = write_target(
+        a.out,
+        full=a.full,
+        layers=a.layers,
+        experts=a.experts,
+        with_head=a.with_head,
+        int4=a.int4,
+        wrapper=not a.language_model,
+        head_device=a.head_device,
+        tokenizer=a.tokenizer,
+    )
+    text = text_config(config)
     print(
-        f"wrote {a.out}: {ARCHITECTURE}, {config['num_hidden_layers']} layers, {config['n_routed_experts']} routed experts"
-        f"{', INT4' if 'quantization_config' in config else ', bf16'}{', with embed + lm_head' if a.with_head else ''}"
+        f"wrote {a.out}: {config['architectures'][0]}, {text['num_hidden_layers']} layers, {text['n_routed_experts']} routed experts"
+        f"{', INT4' if 'quantization_config' in text else ', bf16'}{', with embed + lm_head' if a.with_head else ''}"
     )
     return config
 

@@ -1,7 +1,8 @@
 """Watch and report the Kimi-shaped co-located run (launch/kimi_reduced_run.sh).
 
     python launch/kimi_reduced_report.py watch --pid PID --out OUT/watch.json   # until PID exits
-    python launch/kimi_reduced_report.py report OUT                             # OUT/result.json
+    python launch/kimi_reduced_report.py report OUT [--peak-flops F]            # OUT/result.json
+    python launch/kimi_reduced_report.py peak                                   # this GPU's bf16 matmul FLOP/s
 
 ``watch`` samples, every second, the process tree under ``--pid`` (the deepspeed launcher):
 each process's ``/proc/<pid>/io`` counters and command line, ``nvidia-smi``'s GPU memory per
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: no install needed
 
@@ -143,15 +145,15 @@ def flops_per_token(config: dict, num_aux: int, draft_vocab: int, ctx: float, tt
     s = TargetShape.from_config(config)
     tc = transformers_config(config)
     shape = draft_shape_for(tc, num_aux, draft_vocab)
-    no_target = {
-        "hidden_size": s.hidden,
-        "intermediate_size": s.intermediate,
-        "num_hidden_layers": 0,
-        "head_dim": shape.head_dim,
-        "num_attention_heads": s.heads,
-        "num_key_value_heads": tc.num_key_value_heads,
-        "vocab_size": s.vocab,
-    }
+    no_target = SimpleNamespace(  # the count's Llama target term is left out: no layers
+        hidden_size=s.hidden,
+        intermediate_size=s.intermediate,
+        num_hidden_layers=0,
+        head_dim=shape.head_dim,
+        num_attention_heads=s.heads,
+        num_key_value_heads=tc.num_key_value_heads,
+        vocab_size=s.vocab,
+    )
     rest = bench_flops(no_target, shape, max(1, round(2 * ctx - 1)), ttt)
     target = moe_forward_flops(s, ctx)
     return {"target_forward": target, "labels": rest["labels"], "draft_train": rest["draft_train"], "total": target + rest["total"]}
@@ -237,7 +239,25 @@ def memory_report(plan: dict | None, ranks: list[dict], watched: dict | None) ->
     return out
 
 
-def report(out: Path) -> dict:
+def matmul_peak(n: int = 8192, reps: int = 20) -> float:
+    """The GPU's bf16 dense matmul rate, FLOP/s: the best of ``reps`` timed [n, n] x [n, n] products."""
+    import torch
+
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    best = float("inf")
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return 2 * n**3 / best
+
+
+def report(out: Path, peak_flops: float = PEAK_FLOPS) -> dict:
     plan, summary = read_json(out / "plan.json"), read_json(out / "run" / "summary.json")
     config = json.loads((out / "target" / "config.json").read_text())
     ranks = [json.loads(p.read_text()) for p in sorted((out / "measure").glob("rank*.json"))]
@@ -250,7 +270,7 @@ def report(out: Path) -> dict:
     flops = flops_per_token(config, num_aux, draft_vocab, ctx, ttt)
     perf = throughput(rows, max(1, len(ranks)))
     if perf:
-        perf["mfu"] = perf["tokens_per_s"] * flops["total"] / (perf["ranks"] * PEAK_FLOPS)
+        perf["mfu"] = perf["tokens_per_s"] * flops["total"] / (perf["ranks"] * peak_flops)
     log = (out / "train.log").read_text(errors="replace") if (out / "train.log").is_file() else ""
     aux_lines = [line for line in log.splitlines() if AUX_LOG in line]
     tokens = int((summary or {}).get("tokens_seen", 0))
@@ -266,12 +286,13 @@ def report(out: Path) -> dict:
         "throughput": perf,
         "flops_per_token": flops,
         "flops_mean_doc_ctx": ctx,
-        "peak_flops_per_gpu": PEAK_FLOPS,
+        "peak_flops_per_gpu": peak_flops,
         "aux_width": {
             "expected": plan["facts"]["aux_width"],
             "engine_log_lines": aux_lines[:4],
             "how": "models/sglang_target.py check_aux_width raises on any batch whose SGLang output is not "
-            f"{num_aux} x {config['hidden_size']} wide; the ring slots (trainer/stream/engine_process.py RingSpec) are that wide",
+            f"{num_aux} x {config.get('text_config', config)['hidden_size']} wide; "
+            "the ring slots (trainer/stream/engine_process.py RingSpec) are that wide",
         },
         "memory": memory_report(plan, ranks, watched),
         "disk": disk_report(out, ranks, watched, tokens, handoff),
@@ -326,11 +347,15 @@ def main(argv: list[str] | None = None) -> None:
     w.add_argument("--out", type=Path, required=True)
     r = sub.add_parser("report")
     r.add_argument("out", type=Path)
+    r.add_argument("--peak-flops", type=float, default=PEAK_FLOPS, help="the GPU's bf16 matmul ceiling, FLOP/s (`peak` measures it)")
+    sub.add_parser("peak", help="print this GPU's bf16 matmul ceiling, FLOP/s")
     a = p.parse_args(argv)
     if a.cmd == "watch":
         watch(a.pid, a.out)
+    elif a.cmd == "peak":
+        print(f"{matmul_peak():.4g}")
     else:
-        print_result(report(a.out))
+        print_result(report(a.out, a.peak_flops))
 
 
 if __name__ == "__main__":

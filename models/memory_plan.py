@@ -85,6 +85,7 @@ class TargetShape:
     context: int  # max_position_embeddings: SGLang's context length
     expert_bits: int  # 16: bf16 experts; 4: INT4 (compressed-tensors pack-quantized)
     group_size: int  # weights a bf16 scale covers when quantized
+    vision_params: int = 0  # a vision wrapper's tower and projector (Kimi-K2.5's MoonViT), bf16
 
     @classmethod
     def from_config(cls, config: dict) -> "TargetShape":
@@ -113,11 +114,27 @@ class TargetShape:
             context=text["max_position_embeddings"],
             expert_bits=bits,
             group_size=group,
+            vision_params=vision_params(config.get("vision_config"), text["hidden_size"]),
         )
 
     @property
     def moe_layers(self) -> int:
         return self.layers - self.dense_layers
+
+
+def vision_params(vision: dict | None, text_hidden: int) -> int:
+    """Parameters of Kimi-K2.5's vision tower (MoonViT: patch embedding, learned 2-D position
+    embedding, pre-norm transformer layers with biases) and its patch-merger projector into the text
+    width, from ``vision_config``; 0 without one. SGLang builds both even for text-only requests."""
+    if not vision:
+        return 0
+    h, i, layers = vision["vt_hidden_size"], vision["vt_intermediate_size"], vision["vt_num_hidden_layers"]
+    patch = 3 * vision["patch_size"] ** 2 * h + h
+    position = vision["init_pos_emb_height"] * vision["init_pos_emb_width"] * h
+    layer = 4 * h * h + 4 * h + 2 * h * i + i + h + 4 * h  # qkv + out with biases, the MLP, two layer norms
+    merged = h * vision["merge_kernel_size"][0] * vision["merge_kernel_size"][1]
+    projector = 2 * h + merged * merged + merged + merged * text_hidden + text_hidden
+    return patch + position + layers * layer + 2 * h + projector
 
 
 def expert_format(quant: dict | None) -> tuple[int, int]:
@@ -156,6 +173,7 @@ def param_counts(s: TargetShape) -> dict[str, int]:
         "shared_experts": s.moe_layers * s.shared_experts * 3 * s.hidden * s.moe_intermediate,
         "routers": s.moe_layers * (s.experts * s.hidden + s.experts),  # gate weight + e_score_correction_bias
         "norms": s.layers * 2 * s.hidden + s.hidden,
+        "vision_tower": s.vision_params,
     }
 
 
@@ -172,7 +190,7 @@ def weight_bytes(s: TargetShape, tp: int) -> dict[str, float]:
     p = param_counts(s)
     experts, scales = expert_bytes(s)
     rest = sum(v for k, v in p.items() if k != "routed_experts") * BF16
-    replicated = (s.layers * attention_params(s)["replicated"] + p["routers"] + p["norms"]) * BF16
+    replicated = (s.layers * attention_params(s)["replicated"] + p["routers"] + p["norms"] + p["vision_tower"]) * BF16
     return {
         "routed_experts": experts,
         "expert_scales": scales,

@@ -186,12 +186,6 @@ class SGLangTargetEngine:
 
     def _prefill(self, docs: list[list[int]]) -> tuple[Tensor, Tensor]:
         """One extend (prefill) of ``docs`` with full hidden-state capture, as bench_one_batch.extend runs it."""
-        from sglang.srt.managers.schedule_batch import ScheduleBatch
-        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-        from sglang.srt.mem_cache.chunk_cache import ChunkCache
-        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
         r, tokens = self.runner, sum(map(len, docs))
         buffers = r.server_args.chunked_prefill_size
         if buffers is not None and 0 < buffers < tokens:
@@ -204,31 +198,8 @@ class SGLangTargetEngine:
                 f"a prefill of {tokens} tokens (the batches of {self.tp_size} TP ranks) does not fit SGLang's KV pool of "
                 f"{r.max_total_num_tokens}: raise engine.sglang.mem_fraction_static or max_total_tokens, or lower data.max_tokens"
             )
-        pools = CacheInitParams(
-            disable=True,
-            req_to_token_pool=r.req_to_token_pool,
-            token_to_kv_pool_allocator=r.token_to_kv_pool_allocator,
-            page_size=r.page_size,
-        )
-        batch = ScheduleBatch.init_new(
-            reqs=[_request(i, doc) for i, doc in enumerate(docs)],
-            req_to_token_pool=r.req_to_token_pool,
-            token_to_kv_pool_allocator=r.token_to_kv_pool_allocator,
-            tree_cache=ChunkCache(pools),
-            model_config=r.model_config,
-            enable_overlap=False,
-            spec_algorithm=SpeculativeAlgorithm.NONE,
-        )
-        batch.prepare_for_extend()
-        if batch.input_ids is None:  # ids staged on pinned CPU memory for an overlapped copy
-            batch.input_ids, batch.prefill_input_ids_cpu = batch.prefill_input_ids_cpu.to(batch.device, non_blocking=True), None
-        batch.capture_hidden_mode = CaptureHiddenMode.FULL
         self._final.clear()
-        try:
-            out = r.forward(ForwardBatch.init_new(batch, r)).logits_output
-        finally:
-            r.req_to_token_pool.clear()
-            r.token_to_kv_pool_allocator.clear()
+        out = extend(r, docs)
         assert len(self._final) == 1, f"the logits processor ran {len(self._final)} times in one prefill"
         check_aux_width(out.hidden_states, self.info, self.version)
         if not self._width_said:
@@ -241,6 +212,57 @@ class SGLangTargetEngine:
             )
             self._width_said = True
         return out.hidden_states, self._final.pop()
+
+
+def extend(runner, docs: list[list[int]]):
+    """The logits output of one fresh extend (prefill) of ``docs`` with ``CaptureHiddenMode.FULL``:
+    its ``hidden_states`` are what SGLang's EAGLE-3 worker hands the draft. The KV pools are cleared after."""
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.chunk_cache import ChunkCache
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    r = runner
+    pools = CacheInitParams(
+        disable=True,
+        req_to_token_pool=r.req_to_token_pool,
+        token_to_kv_pool_allocator=r.token_to_kv_pool_allocator,
+        page_size=r.page_size,
+    )
+    batch = ScheduleBatch.init_new(
+        reqs=[_request(i, doc) for i, doc in enumerate(docs)],
+        req_to_token_pool=r.req_to_token_pool,
+        token_to_kv_pool_allocator=r.token_to_kv_pool_allocator,
+        tree_cache=ChunkCache(pools),
+        model_config=r.model_config,
+        enable_overlap=False,
+        spec_algorithm=SpeculativeAlgorithm.NONE,
+    )
+    batch.prepare_for_extend()
+    if batch.input_ids is None:  # ids staged on pinned CPU memory for an overlapped copy
+        batch.input_ids, batch.prefill_input_ids_cpu = batch.prefill_input_ids_cpu.to(batch.device, non_blocking=True), None
+    batch.capture_hidden_mode = CaptureHiddenMode.FULL
+    try:
+        return r.forward(ForwardBatch.init_new(batch, r)).logits_output
+    finally:
+        r.req_to_token_pool.clear()
+        r.token_to_kv_pool_allocator.clear()
+
+
+def served_width(factory: SGLangTarget, draft_path: str, device: torch.device, tokens: Sequence[int]) -> tuple[str, int | None]:
+    """(the class SGLang builds for the target, the values a token its logits output hands the draft)
+    when SGLang serves the target with the EAGLE-3 draft at ``draft_path``: the ModelRunner is built
+    with SGLang's own speculative settings, so the capture is switched on (or not) by SGLang's serving
+    code, from the draft's own ``eagle_config``, not by StreamDraft."""
+    import_sglang("the served width check")
+    backend = choose_attention_backend(factory.attention_backend, torch.cuda.get_device_capability(device))
+    runner = _model_runner(factory, backend.backend, device, draft_path=draft_path)
+    runner.init_attention_backends()
+    runner.init_cuda_graphs()  # graphs are disabled: this builds the eager runner
+    out = extend(runner, [list(tokens)])
+    width = None if out.hidden_states is None else int(out.hidden_states.shape[-1])
+    return type(runner.model).__name__, width
 
 
 def _request(rid: int, doc: list[int]):
@@ -257,8 +279,9 @@ def _request(rid: int, doc: list[int]):
     return req
 
 
-def _model_runner(factory: SGLangTarget, attention_backend: str, device: torch.device):
-    """The ModelRunner of this TP rank, weights loaded and KV pools allocated (bench_one_batch.load_model)."""
+def _model_runner(factory: SGLangTarget, attention_backend: str, device: torch.device, draft_path: str | None = None):
+    """The ModelRunner of this TP rank, weights loaded and KV pools allocated (bench_one_batch.load_model);
+    ``draft_path``: the target of an EAGLE-3 server with that draft (a one-step chain)."""
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.entrypoints.engine import _set_envs_and_config
     from sglang.srt.layers.moe import initialize_moe_config
@@ -281,6 +304,17 @@ def _model_runner(factory: SGLangTarget, attention_backend: str, device: torch.d
         disable_prefill_cuda_graph=True,
         disable_decode_cuda_graph=True,
         random_seed=0,
+        **(
+            {}
+            if draft_path is None
+            else dict(
+                speculative_algorithm="EAGLE3",
+                speculative_draft_model_path=draft_path,
+                speculative_num_steps=1,
+                speculative_eagle_topk=1,
+                speculative_num_draft_tokens=2,
+            )
+        ),
     )
     _set_envs_and_config(args)
     initialize_moe_config(args)

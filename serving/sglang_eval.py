@@ -95,7 +95,14 @@ def decode_all(engine, tokenizer, prompts: list[PromptSpec], sampling: dict) -> 
 
 
 def evaluate(
-    export_dir: Path, target: Path, sets: dict[str, list[PromptSpec]], k: int, max_new_tokens: int, backend: str, mem: float
+    export_dir: Path,
+    target: Path,
+    sets: dict[str, list[PromptSpec]],
+    k: int,
+    max_new_tokens: int,
+    backend: str,
+    mem: float,
+    load_format: str = "auto",
 ) -> dict[str, SpecResult]:
     """One engine with a ``k``-token chain; each prompt set decoded and tallied apart."""
     import sglang
@@ -117,6 +124,7 @@ def evaluate(
         skip_tokenizer_init=True,
         disable_cuda_graph=True,
         mem_fraction_static=mem,
+        load_format=load_format,
         random_seed=0,
         log_level="error",
     )
@@ -142,6 +150,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--attention-backend", default="triton")
     p.add_argument("--mem-fraction-static", type=float, default=0.5)
+    p.add_argument("--load-format", default="auto", help="SGLang's load_format for the target (dummy: random weights of its shapes)")
     p.add_argument("--json", type=Path, default=None, help="write {file: {k: result}} here")
     return p
 
@@ -158,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         if k < 1:
             raise ValueError(f"--k must be >= 1, got {k}")
         for f, r in evaluate(
-            args.export_dir, target, sets, k, args.max_new_tokens, args.attention_backend, args.mem_fraction_static
+            args.export_dir, target, sets, k, args.max_new_tokens, args.attention_backend, args.mem_fraction_static, args.load_format
         ).items():
             print(f"{f} ({len(sets[f])} prompts): {r.summary()}", flush=True)
             results[f][k] = asdict(r)

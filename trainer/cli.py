@@ -23,6 +23,7 @@ COMMANDS = {  # command -> (module run as __main__, what it does)
     "verify": ("serving.verify", "replay each engine's loader over an export"),
     "eval": ("serving.eval", "acceptance length by speculative decoding against the transformers target"),
     "sglang-eval": ("serving.sglang_eval", "acceptance length in SGLang's own EAGLE-3 decoding (GPU)"),
+    "served-check": ("serving.served_check", "the width SGLang hands the draft on the served target, before the first request (GPU)"),
     "serve": ("serving.launch", "the SGLang / vLLM server command for an export"),
     "bench": ("serving.bench", "load a running server with requests"),
     "speedup": ("serving.speedup", "wall-clock speedup in SGLang with the draft, chains and trees (GPU)"),

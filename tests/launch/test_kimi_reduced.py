@@ -14,7 +14,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from safetensors import safe_open
 
-from launch.kimi_reduced import ARCHITECTURE, KIMI_K25_TEXT, SGLANG_GUARDED, SGLANG_READS, write_target
+from launch.kimi_reduced import ARCHITECTURE, KIMI_K25_TEXT, SGLANG_GUARDED, SGLANG_READS, WRAPPER, text_config, write_target
 from launch.kimi_reduced_report import children, moe_forward_flops, read_proc, watch
 from models.memory_plan import GB, TargetShape, param_counts, plan
 from models.memory_plan import main as plan_main
@@ -52,7 +52,9 @@ def full(tmp_path_factory) -> dict:
 def test_config_has_every_field_sglang_reads_with_kimi_widths(reduced):
     from transformers import AutoConfig, AutoTokenizer
 
-    config = AutoConfig.from_pretrained(reduced, local_files_only=True)  # what SGLang's get_config builds
+    top = AutoConfig.from_pretrained(reduced, local_files_only=True)  # what SGLang's get_config builds
+    assert top.architectures == [WRAPPER] and top.model_type == "kimi_k25" and top.vision_config is not None
+    config = top.get_text_config()  # the language model SGLang's wrapper builds from text_config
     missing = [f for f in SGLANG_READS if getattr(config, f, None) is None]
     assert not missing, f"config.json lacks fields SGLang 0.5.14 reads: {missing}"
     assert config.architectures == [ARCHITECTURE] and config.moe_layer_freq == 1
@@ -78,7 +80,7 @@ def test_config_has_every_field_sglang_reads_with_kimi_widths(reduced):
     assert max(tokenizer.get_vocab().values()) < config.vocab_size
     assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
     provenance = json.loads((reduced / "provenance.json").read_text())
-    assert "SmolLM2" in provenance["tokenizer"] and "Kimi-K2.5" in provenance["architecture"]
+    assert "SmolLM2" in provenance["tokenizer"] and WRAPPER in provenance["architecture"]
     assert not (reduced / "model.safetensors").exists()
 
 
@@ -100,18 +102,20 @@ def test_sglang_reads_list_is_what_deepseek_v2_reads():
 
 
 def test_full_config_is_kimi_k25_in_int4(full):
-    assert (full["num_hidden_layers"], full["n_routed_experts"]) == (61, 384)
+    assert full["architectures"] == [WRAPPER]
+    assert (text_config(full)["num_hidden_layers"], text_config(full)["n_routed_experts"]) == (61, 384)
     s = TargetShape.from_config(full)
     assert (s.expert_bits, s.group_size, s.dense_layers, s.moe_layers) == (4, 32, 1, 60)
     p = param_counts(s)
-    assert round(p["routed_experts"] / 1e9, 1) == 1014.7 and round(sum(p.values()) / 1e9) == 1026
+    assert round(p["routed_experts"] / 1e9, 1) == 1014.7 and round(sum(p.values()) / 1e9) == 1027  # with the vision tower
     assert 32.0e9 < moe_forward_flops(s, 0.0) / 2 + p["embedding_lm_head"] < 33.5e9  # "32B active a token"
 
 
 def test_memory_plan_reproduces_the_docs_figures(full):
     p = plan(full, tp=8, tokens=8192)
     f, items = p.facts, {i.name: i.bytes / GB for i in p.items}
-    assert round(f["weights"]["total"] / GB) == 594 and round(f["weights"]["per_gpu"] / GB, 1) == 76.2
+    # the language model's 594 GB (76.2 a GPU) and the vision tower's 0.94 GB, replicated
+    assert round(f["weights"]["total"] / GB) == 595 and round(f["weights"]["per_gpu"] / GB, 1) == 77.1
     assert f["kv_bytes_per_token"] == 70_272 and f["handoff_bytes_per_token"] == 57_344 and f["aux_width"] == 21_504
     assert round(f["draft_trainable"] / 1e9, 3) == 0.985
     assert round(items["KV pool (65536 tokens)"], 1) == 4.6 and round(items["prefill: hidden + residual"], 1) == 1.9
@@ -122,7 +126,9 @@ def test_memory_plan_reproduces_the_docs_figures(full):
         and round(items["fp32 master + Adam m, v (ZeRO over 8 ranks)"], 1) == 1.5
     )
     assert round(items["draft's frozen embedding, bf16"] + items["target lm_head for the labels, bf16"], 1) == 4.7
-    assert round(items["feature ring (3 slots x 8192 tokens)"], 1) == 1.4 and round(f["static_bytes"] / GB, 1) == 80.8
+    assert (
+        round(items["feature ring (3 slots x 8192 tokens)"], 1) == 1.4 and round(f["static_bytes"] / GB, 1) == 81.7
+    )  # 80.8 + the replicated vision tower
     # what docs/SGLANG.md leaves out: SGLang's req_to_token table and the fused-MoE buffer
     # [tokens, top-k, hidden] of a 65,536-token prefill
     assert round(items["req_to_token table"], 2) == 2.15
@@ -144,11 +150,11 @@ def test_head_is_read_by_name_and_a_dir_without_it_cannot_load(tmp_path):
     from models.target import HFTargetEngine
 
     bare = tmp_path / "bare"
-    write_target(bare, full=False, layers=5, experts=16, with_head=False, overrides=TINY)
+    write_target(bare, full=False, layers=5, experts=16, with_head=False, wrapper=False, overrides=TINY)
     with pytest.raises(ValueError, match="transformers cannot load its model"):  # a dummy dir has no decoder weights
         HFTargetEngine.from_path(bare, [1, 2, 3])
     head = tmp_path / "head"
-    write_target(head, full=False, layers=5, experts=16, with_head=True, overrides=TINY)
+    write_target(head, full=False, layers=5, experts=16, with_head=True, wrapper=False, overrides=TINY)
     with safe_open(str(head / "model.safetensors"), framework="pt") as f:
         assert sorted(f.keys()) == ["lm_head.weight", "model.embed_tokens.weight"]
         embed = f.get_tensor("model.embed_tokens.weight")
