@@ -1,6 +1,5 @@
 """The command line: a user error in one to three lines, the full trace on request, the run's own log."""
 
-import os
 import subprocess
 import sys
 import warnings
@@ -8,18 +7,14 @@ import warnings
 import pytest
 from hydra import compose, initialize_config_dir
 
-from tests.fixtures.tiny import ROOT, TINY
+from tests.fixtures.tiny import ROOT, TINY, child_env
 from trainer import console
 from trainer.config import did_you_mean, register_schema, to_config
 
-DIST = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
 
 def _trainer(run_dir, *args, env_extra=None):
-    env = {k: v for k, v in os.environ.items() if k not in DIST and k != "HYDRA_FULL_ERROR"}
-    env |= {"PYTHONPATH": str(ROOT), **(env_extra or {})}
     cmd = [sys.executable, "-m", "trainer", f"hydra.run.dir={run_dir}", *args]
-    return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, env=child_env(**(env_extra or {})), cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,6 @@
 """Input paths are checked before DeepSpeed or the target start; a failed start writes nothing: no run dir,
 and an existing one as it was."""
 
-import os
 import subprocess
 import sys
 
@@ -10,7 +9,7 @@ import torch
 
 import trainer.build
 import trainer.loop
-from tests.fixtures.tiny import ROOT, TINY, tiny_config
+from tests.fixtures.tiny import TINY, child_env, tiny_config
 from trainer.loop import run
 
 
@@ -103,7 +102,6 @@ def files_of(run_dir) -> dict[str, bytes]:
 def test_a_failed_start_in_an_existing_run_dir_changes_nothing_there(tmp_path, fails_in):
     """A run's records and an earlier failed start's dir (Hydra's files only) stay byte for byte, before the
     target loads (a missing target) or after it (a prompt file that does not parse)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "HYDRA_FULL_ERROR")}
     (tmp_path / "bad.jsonl").write_text("{not json\n")
     args = (
         ["target=local", f"target.path={tmp_path / 'nowhere'}"]
@@ -120,20 +118,19 @@ def test_a_failed_start_in_an_existing_run_dir_changes_nothing_there(tmp_path, f
     before = {d: files_of(d) for d in (earlier, failed)}
     for run_dir in (earlier, failed):
         cmd = [sys.executable, "-m", "trainer", f"hydra.run.dir={run_dir}", *TINY, *args]
-        out = subprocess.run(cmd, env=env | {"PYTHONPATH": str(ROOT)}, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        out = subprocess.run(cmd, env=child_env(), cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert out.returncode == 1 and "\nerror: " in f"\n{out.stderr}", out.stderr
         assert files_of(run_dir) == before[run_dir] and (earlier / "checkpoints" / "step_3").is_dir()
 
 
 @pytest.mark.parametrize("bad", ["data", "target"])
 def test_the_command_line_says_a_bad_input_in_one_line_and_leaves_no_run_dir(tmp_path, bad):
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "HYDRA_FULL_ERROR")}
     (tmp_path / "target").mkdir()
     (tmp_path / "target" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"],,}')
     args = sharegpt(tmp_path / "nowhere.jsonl") if bad == "data" else ["target=local", f"target.path={tmp_path / 'target'}"]
     run_dir = tmp_path / "outputs" / "run"
     cmd = [sys.executable, "-m", "trainer", f"hydra.run.dir={run_dir}", *args]
-    out = subprocess.run(cmd, env=env | {"PYTHONPATH": str(ROOT)}, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(cmd, env=child_env(), cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 1, out.stderr
     lines = out.stderr.strip().splitlines()
     assert lines[0].startswith(f"error: config {bad}") and len(lines) <= 3, out.stderr

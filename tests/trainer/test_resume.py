@@ -14,7 +14,7 @@ import weakref
 import pytest
 import torch
 
-from tests.fixtures.tiny import ROOT, TINY, tiny_config
+from tests.fixtures.tiny import ROOT, TINY, child_env, tiny_config
 from trainer import checkpoint as ckpt
 from trainer import components, loop, phases
 from trainer.loop import Trainer, run
@@ -236,8 +236,7 @@ def test_failed_save_keeps_the_previous_checkpoint(build, tmp_path, monkeypatch)
 
 def _launch(run_dir, *overrides, env_extra=None, code=None):
     args = [f"hydra.run.dir={run_dir}", *TINY, *overrides]
-    dist = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # this process's group, not the child's
-    env = {k: v for k, v in os.environ.items() if k not in dist} | {"PYTHONPATH": str(ROOT), **(env_extra or {})}
+    env = child_env(**(env_extra or {}))
     cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "trainer", *args]
     return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

@@ -13,7 +13,7 @@ import torch
 from models.target import HFTargetEngine
 from serving.export import load_export
 from serving.verify import verify_export
-from tests.fixtures.tiny import ROOT, TINY, tiny_config
+from tests.fixtures.tiny import ROOT, TINY, child_env, tiny_config
 from trainer.loop import run
 from trainer.phases import PHASES, STARTUP, TRAINING
 
@@ -96,10 +96,9 @@ def test_serve_eval_off_exports_and_verifies_without_decoding_and_says_so(tmp_pa
 def test_the_command_lines_records_hold_what_its_console_showed(tmp_path):
     """``python -m trainer``: the log holds the console's lines (a resume=auto with nothing to resume says so), the
     summary's wall time is its phases' from the process's start, no serving-eval prompts line with the eval off."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     args = [f"hydra.run.dir={tmp_path / 'run'}", *TINY, "trainer.max_steps=1", "trainer.serve_eval=false", "trainer.resume=auto"]
     cmd = [sys.executable, "-m", "trainer", *args]
-    out = subprocess.run(cmd, env=env | {"PYTHONPATH": str(ROOT)}, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(cmd, env=child_env(), cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     nothing = f"trainer.resume=auto: no checkpoint in {tmp_path / 'run' / 'checkpoints'}, so the run starts from step 0"
     assert nothing in out.stdout and "wall time from process start" in out.stdout and "serving-eval prompts" not in out.stdout
