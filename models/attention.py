@@ -60,7 +60,7 @@ def _compiled_flex():
 
 
 def explicit_causal_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float, doc_ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Causal attention through explicit [B, H, T, T] scores: (out [B, H, T, D], lse [B, H, T] fp32)."""
+    """Causal attention through explicit [B, H, T, T] scores: (out [B, H, T, Dv], lse [B, H, T] fp32)."""
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # [B, H, T, D]
     allowed = document_causal_mask(q.shape[2], q.device, doc_ids)[:, None]  # [1 or B, 1, T, T]
@@ -82,10 +82,12 @@ def causal_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float, doc_ids: Tens
 
 def ttt_attention(q: Tensor, cache: KVCache, groups: int, doc_ids: Tensor | None = None) -> Tensor:
     """q [B, H, T, D] against step-0 keys (causal, within documents of doc_ids [B, T]) + the
-    same-row keys of steps 1..k."""
+    same-row keys of steps 1..k; values [B, H_kv, T, Dv] may be narrower than the keys (MLA).
+    Returns [B, H, T, Dv]."""
     b, h, t, d = q.shape
+    dv = cache[0][1].shape[-1]
     scale = d**-0.5
-    out0, lse0 = causal_with_lse(q, *cache[0], scale, doc_ids)  # [B, H, T, D], [B, H, T]
+    out0, lse0 = causal_with_lse(q, *cache[0], scale, doc_ids)  # [B, H, T, Dv], [B, H, T]
     if len(cache) == 1:
         return out0
     qg = q.view(b, h // groups, groups, t, d)  # query heads grouped by their kv head
@@ -93,5 +95,5 @@ def ttt_attention(q: Tensor, cache: KVCache, groups: int, doc_ids: Tensor | None
     weights = torch.softmax(torch.stack([lse0, *(x.float() for x in diag)], dim=-1), dim=-1).to(q.dtype)  # [B, H, T, 1+k]
     out = out0 * weights[..., 0:1]
     for j, (_, v) in enumerate(cache[1:], start=1):
-        out = out + weights[..., j : j + 1] * v[:, :, None].expand(b, h // groups, groups, t, d).reshape(b, h, t, d)
+        out = out + weights[..., j : j + 1] * v[:, :, None].expand(b, h // groups, groups, t, dv).reshape(b, h, t, dv)
     return out

@@ -34,6 +34,7 @@ SGLANG_METHOD = "set_eagle3_layers_to_capture"
 SGLANG_PACKAGE = "sglang.srt.models"
 VLLM_INTERFACE = "SupportsEagle3"
 VLLM_REGISTRIES = ("_TEXT_GENERATION_MODELS", "_MULTIMODAL_MODELS")
+VLLM_DRAFTS = ("_SPECULATIVE_DECODING_MODELS",)  # the draft classes (SGLang registers drafts like any model)
 
 ClassKey = tuple[str, str]  # (module path relative to the models package, without .py; class name)
 
@@ -184,12 +185,12 @@ def scan_sglang(models_dir: Path) -> dict[str, str | None]:
     return dict(sorted(table.items()))
 
 
-def _registry(models_dir: Path) -> dict[str, ClassKey]:
+def _registry(models_dir: Path, registries: tuple[str, ...] = VLLM_REGISTRIES) -> dict[str, ClassKey]:
     tree = ast.parse((models_dir / "registry.py").read_text(encoding="utf-8-sig"))
     entries: dict[str, ClassKey] = {}
     for node in tree.body:
         target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) else None)
-        if not (isinstance(target, ast.Name) and target.id in VLLM_REGISTRIES and isinstance(node.value, ast.Dict)):
+        if not (isinstance(target, ast.Name) and target.id in registries and isinstance(node.value, ast.Dict)):
             continue
         for k, v in zip(node.value.keys, node.value.values):
             if isinstance(k, ast.Constant) and isinstance(v, ast.Tuple) and len(v.elts) == 2:
@@ -212,6 +213,11 @@ def scan_vllm(models_dir: Path) -> dict[str, str | None]:
                 break
         table[arch] = via
     return dict(sorted(table.items()))
+
+
+def scan_vllm_drafts(models_dir: Path) -> list[str]:
+    """The draft architectures vLLM registers (what a draft's ``architectures`` may name)."""
+    return sorted(_registry(models_dir, VLLM_DRAFTS))
 
 
 def source_version(package_dir: Path) -> str:
@@ -239,7 +245,10 @@ def write_table(tables: dict[str, dict], path: Path = TABLE_PATH) -> Path:
         lines.append(f"        'rule': {entry['rule']!r},")
         lines.append("        'architectures': {")
         lines += [f"            {arch!r}: {via!r}," for arch, via in entry["architectures"].items()]
-        lines += ["        },", "    },"]
+        lines.append("        },")
+        if "drafts" in entry:
+            lines += ["        'drafts': [", *(f"            {arch!r}," for arch in entry["drafts"]), "        ],"]
+        lines.append("    },")
     lines.append("}")
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -257,6 +266,14 @@ def aux_capture_support(engine: str, architecture: str) -> Support:
     return Support(engine, entry["version"], architecture, architecture in archs, via is not None, via)
 
 
+def draft_class_known(engine: str, architecture: str) -> tuple[bool, str]:
+    """(whether ``engine``'s committed table has a draft class ``architecture``, the engine's version)."""
+    from models.aux_capture_table import TABLE
+
+    entry = TABLE[engine]
+    return architecture in entry.get("drafts", entry["architectures"]), entry["version"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sglang-src", type=Path, required=True, help="unpacked sglang package dir (contains srt/)")
@@ -267,12 +284,19 @@ def main(argv: list[str] | None = None) -> int:
     vllm = scan_vllm(args.vllm_src / "model_executor" / "models")
     tables = {
         "sglang": {"version": source_version(args.sglang_src), "rule": f"defines or inherits {SGLANG_METHOD}", "architectures": sglang},
-        "vllm": {"version": source_version(args.vllm_src), "rule": f"inherits {VLLM_INTERFACE}", "architectures": vllm},
+        "vllm": {
+            "version": source_version(args.vllm_src),
+            "rule": f"inherits {VLLM_INTERFACE}",
+            "architectures": vllm,
+            "drafts": scan_vllm_drafts(args.vllm_src / "model_executor" / "models"),
+        },
     }
     out = write_table(tables, args.out)
     for engine, entry in tables.items():
         archs = entry["architectures"]
         print(f"{engine} {entry['version']}: {sum(v is not None for v in archs.values())} of {len(archs)} architectures capture aux states")
+        if "drafts" in entry:
+            print(f"{engine} {entry['version']}: {len(entry['drafts'])} draft architectures")
     print(f"wrote {out}")
     return 0
 

@@ -1,8 +1,11 @@
 """The EAGLE-3 draft model in plain PyTorch.
 
 One decoder layer whose attention reads ``[input_layernorm(embeds), hidden_norm(hidden)]``
-(2 x hidden wide). Parameter names are the names of SGLang's ``LlamaForCausalLMEagle3``
-checkpoint (``fc``, ``midlayer.*``, ``norm``, ``lm_head``), so export is a rename-free
+(2 x hidden wide), in one of two layouts: ``llama`` (grouped-query attention, SGLang's
+``LlamaForCausalLMEagle3``) or ``mla`` (DeepSeek-V2 multi-latent attention, SGLang's
+``Eagle3DeepseekV2ForCausalLM``, the layout Kimi-K2.x drafts use: the draft's KV cache has
+the target's MLA shape). Parameter names are the checkpoint names both engines load (``fc``,
+``fc_norm.*``, ``midlayer.*``, ``norm``, ``lm_head``), so export is a rename-free
 ``state_dict``. The token embedding is the target's, frozen, and never exported.
 
 The pointwise pieces (``rms_norm``, ``silu_mul``, ``apply_rope``) are module functions that the
@@ -28,6 +31,38 @@ from torch import Tensor, nn
 
 from models.attention import KVCache, ttt_attention
 
+LAYOUTS = ("llama", "mla")
+
+
+@dataclass(frozen=True)
+class MLAShape:
+    """The multi-latent attention sizes of an ``mla`` draft (DeepSeek-V2's names)."""
+
+    q_lora_rank: int  # the query's low-rank width (SGLang's draft class needs one)
+    kv_lora_rank: int  # the cached latent's width
+    qk_nope_head_dim: int  # the part of a query/key head without RoPE
+    qk_rope_head_dim: int  # the part with RoPE (one key part shared by every head)
+    v_head_dim: int
+
+    @classmethod
+    def of_target(cls, config) -> MLAShape:
+        """The target's own MLA sizes (a DeepSeek-V3 / Kimi-K2 config), or sizes derived from its head
+        width for a target without MLA: nope = v = head_dim, rope = head_dim / 2, latent 4 x head_dim,
+        query rank 3 x latent (DeepSeek-V3's 128 / 64 / 512 / 1536)."""
+        if getattr(config, "kv_lora_rank", None):
+            if not getattr(config, "q_lora_rank", None):
+                raise ValueError("config draft.layout: mla: the target's MLA has no q_lora_rank, which SGLang's MLA draft needs")
+            names = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+            return cls(*(int(getattr(config, n)) for n in names))
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        if head_dim % 4:
+            raise ValueError(f"config draft.layout: mla: the target's head_dim {head_dim} is not a multiple of 4 (RoPE: half, in pairs)")
+        return cls(3 * 4 * head_dim, 4 * head_dim, head_dim, head_dim // 2, head_dim)
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
 
 @dataclass(frozen=True)
 class DraftShape:
@@ -45,27 +80,49 @@ class DraftShape:
     rms_norm_eps: float
     rope_theta: float
     max_position_embeddings: int
+    mla: MLAShape | None = None  # None: the llama layout
+    fc_norm: bool = False  # EAGLE-3.1: an RMSNorm over each aux state before fc
+
+    @property
+    def layout(self) -> str:
+        return "llama" if self.mla is None else "mla"
 
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> DraftShape:
+        mla = d.get("mla")
+        return cls(**{**d, "mla": MLAShape(**mla) if mla else None})
 
-def draft_shape_for(target_config, num_aux: int, draft_vocab_size: int, intermediate_size: int | None = None) -> DraftShape:
-    """A draft as wide as the target, with the target's attention sizes and its MLP width (or
-    ``intermediate_size``); its vocabulary of ``draft_vocab_size`` target tokens is at most the target's."""
+
+def draft_shape_for(
+    target_config,
+    num_aux: int,
+    draft_vocab_size: int,
+    intermediate_size: int | None = None,
+    layout: str = "llama",
+    fc_norm: bool = False,
+) -> DraftShape:
+    """A draft as wide as the target, with the target's attention sizes (``layout`` mla: its MLA sizes,
+    ``MLAShape.of_target``) and its MLP width (or ``intermediate_size``); its vocabulary of
+    ``draft_vocab_size`` target tokens is at most the target's."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"config draft.layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
     if draft_vocab_size > target_config.vocab_size:
         raise ValueError(
             f"config draft.vocab_size: {draft_vocab_size} is above the target's vocabulary of {target_config.vocab_size} "
             f"tokens; set draft.vocab_size={target_config.vocab_size} or less"
         )
     heads = target_config.num_attention_heads
+    mla = MLAShape.of_target(target_config) if layout == "mla" else None
     head_dim = getattr(target_config, "head_dim", None) or target_config.hidden_size // heads
     return DraftShape(
         hidden_size=target_config.hidden_size,
         intermediate_size=target_config.intermediate_size if intermediate_size is None else intermediate_size,
         num_attention_heads=heads,
-        num_key_value_heads=target_config.num_key_value_heads,
-        head_dim=head_dim,
+        num_key_value_heads=heads if mla else target_config.num_key_value_heads,  # MLA: every head its own key
+        head_dim=mla.qk_head_dim if mla else head_dim,
         target_hidden_size=target_config.hidden_size,
         num_aux=num_aux,
         vocab_size=target_config.vocab_size,
@@ -73,6 +130,8 @@ def draft_shape_for(target_config, num_aux: int, draft_vocab_size: int, intermed
         rms_norm_eps=target_config.rms_norm_eps,
         rope_theta=rope_theta_of(target_config),
         max_position_embeddings=target_config.max_position_embeddings,
+        mla=mla,
+        fc_norm=fc_norm,
     )
 
 
@@ -118,12 +177,27 @@ def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dt
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE on halves (Llama, GPT-NeoX style): channel i pairs with channel i + D/2."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
 
 
-POINTWISE = ("rms_norm", "silu_mul", "apply_rope")
+def interleaved_cos_sin(positions: Tensor, dim: int, theta: float, dtype: torch.dtype):
+    """cos/sin tables of interleaved RoPE for ``positions`` [B, T] -> two [B, 1, T, dim] tensors
+    (frequency i at channels 2i and 2i + 1)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=positions.device).float() / dim))
+    emb = (positions.float()[..., None] * inv_freq).repeat_interleave(2, dim=-1)[:, None]  # [B, 1, T, dim]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE on adjacent pairs (DeepSeek's MLA, GPT-J style): channel 2i pairs with 2i + 1."""
+    rotated = torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
+    return x * cos + rotated * sin
+
+
+POINTWISE = ("rms_norm", "silu_mul", "apply_rope", "apply_rope_interleaved")
 
 
 @functools.cache
@@ -159,18 +233,64 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(2 * s.hidden_size, kv_out, bias=False)
         self.o_proj = nn.Linear(q_out, s.hidden_size, bias=False)
 
-    def forward(self, x: Tensor, positions: Tensor, cache: KVCache, doc_ids: Tensor | None) -> Tensor:
-        """x [B, T, 2H] at ``positions`` [B, T], documents ``doc_ids`` [B, T] or None; appends k/v to ``cache``."""
+    def qkv(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x [B, T, 2H] at ``positions`` [B, T] -> q [B, H_q, T, D], k and v [B, H_kv, T, D], RoPE applied."""
         s, (b, t, _) = self.s, x.shape
         q = self.q_proj(x).view(b, t, s.num_attention_heads, s.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, s.num_key_value_heads, s.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, s.num_key_value_heads, s.head_dim).transpose(1, 2)
         cos, sin = rope_cos_sin(positions, s.head_dim, s.rope_theta, q.dtype)
         rope = self.pw("apply_rope")
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
-        cache.append((k, v))
-        out = ttt_attention(q, cache, s.num_attention_heads // s.num_key_value_heads, doc_ids)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        return rope(q, cos, sin), rope(k, cos, sin), v
+
+    def forward(self, x: Tensor, positions: Tensor, cache: KVCache, doc_ids: Tensor | None) -> Tensor:
+        return attend(self, x, positions, cache, doc_ids)
+
+
+def attend(attn: Attention | MLAAttention, x: Tensor, positions: Tensor, cache: KVCache, doc_ids: Tensor | None) -> Tensor:
+    """One TTT step of either layout's attention: x [B, T, 2H] at ``positions`` [B, T], documents ``doc_ids``
+    [B, T] or None; appends the step's k/v to ``cache``; returns [B, T, H]."""
+    s, (b, t, _) = attn.s, x.shape
+    q, k, v = attn.qkv(x, positions)
+    cache.append((k, v))
+    out = ttt_attention(q, cache, s.num_attention_heads // s.num_key_value_heads, doc_ids)  # [B, H_q, T, Dv]
+    return attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLAAttention(nn.Module):
+    """DeepSeek-V2 multi-latent attention over the 2H-wide input, trained in its expanded form (SGLang serves
+    the same weights absorbed into the latent): queries through a rank-``q_lora_rank`` bottleneck, keys and
+    values from a ``kv_lora_rank`` latent, and a RoPE key part shared by every head."""
+
+    def __init__(self, s: DraftShape, pw: Pointwise):
+        super().__init__()
+        m, n = s.mla, s.num_attention_heads
+        self.s, self.m, self.pw = s, m, pw
+        self.q_a_proj = nn.Linear(2 * s.hidden_size, m.q_lora_rank, bias=False)
+        self.q_a_layernorm = RMSNorm(m.q_lora_rank, s.rms_norm_eps, pw)
+        self.q_b_proj = nn.Linear(m.q_lora_rank, n * m.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(2 * s.hidden_size, m.kv_lora_rank + m.qk_rope_head_dim, bias=False)
+        self.kv_a_layernorm = RMSNorm(m.kv_lora_rank, s.rms_norm_eps, pw)
+        self.kv_b_proj = nn.Linear(m.kv_lora_rank, n * (m.qk_nope_head_dim + m.v_head_dim), bias=False)
+        self.o_proj = nn.Linear(n * m.v_head_dim, s.hidden_size, bias=False)
+
+    def qkv(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x [B, T, 2H] at ``positions`` [B, T] -> q and k [B, n, T, nope + rope] (RoPE on the last rope
+        channels), v [B, n, T, v]."""
+        m, n, (b, t, _) = self.m, self.s.num_attention_heads, x.shape
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))).view(b, t, n, m.qk_head_dim).transpose(1, 2)
+        q_nope, q_pe = q.split([m.qk_nope_head_dim, m.qk_rope_head_dim], dim=-1)  # [B, n, T, nope], [B, n, T, rope]
+        latent, k_pe = self.kv_a_proj_with_mqa(x).split([m.kv_lora_rank, m.qk_rope_head_dim], dim=-1)  # [B, T, r], [B, T, rope]
+        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(b, t, n, m.qk_nope_head_dim + m.v_head_dim).transpose(1, 2)
+        k_nope, v = kv.split([m.qk_nope_head_dim, m.v_head_dim], dim=-1)  # [B, n, T, nope], [B, n, T, v]
+        cos, sin = interleaved_cos_sin(positions, m.qk_rope_head_dim, self.s.rope_theta, q.dtype)
+        rope = self.pw("apply_rope_interleaved")
+        q_pe, k_pe = rope(q_pe, cos, sin), rope(k_pe[:, None], cos, sin)  # k_pe [B, 1, T, rope]: one for every head
+        k = torch.cat([k_nope, k_pe.expand(b, n, t, m.qk_rope_head_dim)], dim=-1)
+        return torch.cat([q_nope, q_pe], dim=-1), k, v
+
+    def forward(self, x: Tensor, positions: Tensor, cache: KVCache, doc_ids: Tensor | None) -> Tensor:
+        return attend(self, x, positions, cache, doc_ids)
 
 
 class MLP(nn.Module):
@@ -193,7 +313,7 @@ class MidLayer(nn.Module):
         self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps, pw)
         self.hidden_norm = RMSNorm(s.hidden_size, s.rms_norm_eps, pw)
         self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps, pw)
-        self.self_attn = Attention(s, pw)
+        self.self_attn = Attention(s, pw) if s.mla is None else MLAAttention(s, pw)
         self.mlp = MLP(s, pw)
 
     def forward(self, embeds: Tensor, hidden: Tensor, positions: Tensor, cache: KVCache, doc_ids: Tensor | None) -> Tensor:
@@ -209,6 +329,8 @@ class Eagle3Draft(nn.Module):
         self.embed_tokens = nn.Embedding(s.vocab_size, s.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
         self.fc = nn.Linear(s.num_aux * s.target_hidden_size, s.hidden_size, bias=False)
+        if s.fc_norm:
+            self.fc_norm = nn.ModuleList(RMSNorm(s.target_hidden_size, s.rms_norm_eps, pw) for _ in range(s.num_aux))
         self.midlayer = MidLayer(s, pw)
         self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps, pw)
         self.lm_head = nn.Linear(s.hidden_size, s.draft_vocab_size, bias=False)
@@ -220,7 +342,10 @@ class Eagle3Draft(nn.Module):
             self.lm_head.weight.copy_(lm_head_weight[draft_to_target])
 
     def project(self, aux: Tensor) -> Tensor:
-        """Fuse the target's aux features [B, T, num_aux * H_t] -> [B, T, H]."""
+        """Fuse the target's aux features [B, T, num_aux * H_t] -> [B, T, H] (``fc_norm``: each aux state
+        [B, T, H_t] normed first)."""
+        if self.shape.fc_norm:
+            aux = torch.cat([norm(x) for norm, x in zip(self.fc_norm, aux.chunk(self.shape.num_aux, dim=-1))], dim=-1)
         return self.fc(aux)
 
     def step(

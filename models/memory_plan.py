@@ -243,12 +243,12 @@ def transformers_config(config: dict):
     return AutoConfig.for_model(kind, **{k: v for k, v in text.items() if k != "quantization_config"})
 
 
-def draft_counts(config, num_aux: int, draft_vocab: int, intermediate_size: int | None = None) -> DraftCounts:
+def draft_counts(config, num_aux: int, draft_vocab: int, intermediate_size: int | None = None, layout: str = "llama") -> DraftCounts:
     """The draft the trainer builds for ``config`` (a transformers config; ``intermediate_size``: the
-    draft's MLP width, default the target's), counted on the meta device."""
+    draft's MLP width, default the target's; ``layout``: llama or mla), counted on the meta device."""
     from models.draft import Eagle3Draft, draft_shape_for
 
-    shape = draft_shape_for(config, num_aux, draft_vocab, intermediate_size)
+    shape = draft_shape_for(config, num_aux, draft_vocab, intermediate_size, layout)
     with torch.device("meta"):
         draft = Eagle3Draft(shape)
     trainable = sum(p.numel() for p in draft.parameters() if p.requires_grad)
@@ -342,12 +342,13 @@ def plan(
     draft_vocab: int = 32000,
     max_total_tokens: int | None = None,
     hf_target_in_trainer: bool = False,
+    draft_layout: str = "llama",
 ) -> Plan:
     """Per-GPU bytes with ``tokens`` a trainer rank's batch (``data.max_tokens``), ``ranks``
     trainer ranks over which ZeRO shards the optimizer (default ``tp``), a ring of ``slots``,
     and SGLang's KV pool of ``max_total_tokens`` (default: one prefill, ``tp x tokens``).
     ``hf_target_in_trainer``: the trainer also holds the whole target in bf16 (load_target
-    through transformers)."""
+    through transformers). ``draft_layout``: the draft's decoder layer, llama or mla (draft.layout)."""
     s = TargetShape.from_config(config)
     ranks = ranks or tp
     group = tp * tokens  # one prefill: every TP rank's batch
@@ -355,7 +356,7 @@ def plan(
     if pool < group:
         raise ValueError(f"max_total_tokens {pool} < one prefill of {tp} x {tokens} = {group} tokens")
     w, kv, hand = weight_bytes(s, tp), kv_bytes_per_token(s), handoff_bytes_per_token(s, num_aux)
-    d = draft_counts(transformers_config(config), num_aux, draft_vocab)
+    d = draft_counts(transformers_config(config), num_aux, draft_vocab, layout=draft_layout)
     embed = s.vocab * s.hidden * BF16
     moe_buffers = group * s.topk * (s.moe_intermediate // tp + s.hidden) * BF16 + 2 * group * s.hidden * BF16
     attention = group * (s.heads // tp) * (2 * (s.nope + s.rope) + 2 * s.v_head) * BF16  # MHA prefill: q, k, v, output
@@ -432,6 +433,7 @@ def main(argv: list[str] | None = None) -> Plan:
     p.add_argument("--slots", type=int, default=3)
     p.add_argument("--num-aux", type=int, default=3)
     p.add_argument("--draft-vocab", type=int, default=32000)
+    p.add_argument("--draft-layout", choices=("llama", "mla"), default="llama", help="the draft's decoder layer (draft.layout)")
     p.add_argument("--max-total-tokens", type=int, default=None, help="SGLang KV pool (default: one prefill)")
     p.add_argument(
         "--hf-target-in-trainer", action="store_true", help="the trainer also loads the whole target (load_target through transformers)"
@@ -447,6 +449,7 @@ def main(argv: list[str] | None = None) -> Plan:
         slots=a.slots,
         num_aux=a.num_aux,
         draft_vocab=a.draft_vocab,
+        draft_layout=a.draft_layout,
         max_total_tokens=a.max_total_tokens,
         hf_target_in_trainer=a.hf_target_in_trainer,
     )

@@ -29,6 +29,14 @@ Both formats hold the same tensors under the same names (``fc``, ``midlayer.*``,
   SGLang cannot load this config (unknown architecture), which is the point: the ids are
   in vLLM's semantics.
 
+A draft of the **mla layout** (``models.draft.MLAShape``) is ``Eagle3DeepseekV2ForCausalLM`` in both engines
+(SGLang 0.5.14 ``kimi_k25_eagle3.py``, vLLM 0.33.0 ``deepseek_eagle3.py``): a DeepSeek-V3 layer config
+(``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``, interleaved
+RoPE) and the MLA tensors under ``midlayer.self_attn.`` (``attention_shapes``). SGLang's config keeps the
+aux ids in ``eagle_config``; vLLM's is a transformers config too (no speculators block), its ids (ours + 1)
+at the top level, which is how the two are told apart. ``fc_norm`` (an RMSNorm per aux state before
+``fc``, EAGLE-3.1) is written when the draft has it, for either layout.
+
 ``serving/export.py`` and ``serving/verify.py`` take a format from
 ``EXPORT_FORMATS`` (by engine name) or ``format_of`` (by config) and never branch on the name.
 """
@@ -42,7 +50,7 @@ from pathlib import Path
 import torch
 
 from models.aux_ids import AuxLayerIds
-from models.draft import DraftShape
+from models.draft import DraftShape, MLAShape
 from models.target_config import read_json_object
 from serving.loaders import Replay, replay_sglang, replay_vllm
 
@@ -115,19 +123,33 @@ def embedding_is_shared(shape: DraftShape) -> bool:
     return shape.hidden_size == shape.target_hidden_size
 
 
+def attention_shapes(shape: DraftShape) -> dict[str, tuple[int, ...]]:
+    """The attention tensors under ``midlayer.self_attn.``, by layout."""
+    h, n, m = shape.hidden_size, shape.num_attention_heads, shape.mla
+    if m is None:
+        q, kv = n * shape.head_dim, shape.num_key_value_heads * shape.head_dim
+        return {"q_proj.weight": (q, 2 * h), "k_proj.weight": (kv, 2 * h), "v_proj.weight": (kv, 2 * h), "o_proj.weight": (h, q)}
+    return {
+        "q_a_proj.weight": (m.q_lora_rank, 2 * h),
+        "q_a_layernorm.weight": (m.q_lora_rank,),
+        "q_b_proj.weight": (n * m.qk_head_dim, m.q_lora_rank),
+        "kv_a_proj_with_mqa.weight": (m.kv_lora_rank + m.qk_rope_head_dim, 2 * h),
+        "kv_a_layernorm.weight": (m.kv_lora_rank,),
+        "kv_b_proj.weight": (n * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank),
+        "o_proj.weight": (h, n * m.v_head_dim),
+    }
+
+
 def tensor_shapes(shape: DraftShape) -> dict[str, tuple[int, ...]]:
     """Every tensor an export may hold, by name, with its shape (``d2t`` whatever the format)."""
     h, i = shape.hidden_size, shape.intermediate_size
-    q, kv = shape.num_attention_heads * shape.head_dim, shape.num_key_value_heads * shape.head_dim
     shapes = {
         "fc.weight": (h, shape.num_aux * shape.target_hidden_size),
+        **{f"fc_norm.{k}.weight": (shape.target_hidden_size,) for k in range(shape.num_aux) if shape.fc_norm},
         "midlayer.input_layernorm.weight": (h,),
         "midlayer.hidden_norm.weight": (h,),
         "midlayer.post_attention_layernorm.weight": (h,),
-        "midlayer.self_attn.q_proj.weight": (q, 2 * h),
-        "midlayer.self_attn.k_proj.weight": (kv, 2 * h),
-        "midlayer.self_attn.v_proj.weight": (kv, 2 * h),
-        "midlayer.self_attn.o_proj.weight": (h, q),
+        **{f"midlayer.self_attn.{k}": v for k, v in attention_shapes(shape).items()},
         "midlayer.mlp.gate_proj.weight": (i, h),
         "midlayer.mlp.up_proj.weight": (i, h),
         "midlayer.mlp.down_proj.weight": (h, i),
@@ -163,15 +185,18 @@ def check_fc_reachable(shape: DraftShape) -> None:
 # --------------------------------------------------------------------------- shared config parts
 
 
+MLA_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"  # the mla layout's class in SGLang 0.5.14 and vLLM 0.33.0
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
 def layer_config(shape: DraftShape, dtype: torch.dtype) -> dict:
-    """The transformers Llama fields of the draft's one decoder layer."""
-    return {
-        "model_type": "llama",
+    """The transformers fields of the draft's one decoder layer: a Llama config, or for the mla layout a
+    DeepSeek-V3 one (interleaved RoPE, as both engines' MLA rotates by default)."""
+    common = {
         "hidden_size": shape.hidden_size,
         "intermediate_size": shape.intermediate_size,
         "num_attention_heads": shape.num_attention_heads,
         "num_key_value_heads": shape.num_key_value_heads,
-        "head_dim": shape.head_dim,
         "num_hidden_layers": 1,
         "hidden_act": "silu",
         "rms_norm_eps": shape.rms_norm_eps,
@@ -181,9 +206,12 @@ def layer_config(shape: DraftShape, dtype: torch.dtype) -> dict:
         "vocab_size": shape.vocab_size,
         "tie_word_embeddings": False,
         "attention_bias": False,
-        "mlp_bias": False,
         "torch_dtype": str(dtype).removeprefix("torch."),
     }
+    if shape.mla is None:
+        return {"model_type": "llama", **common, "head_dim": shape.head_dim, "mlp_bias": False}
+    mla = {name: getattr(shape.mla, name) for name in MLA_FIELDS}
+    return {"model_type": "deepseek_v3", **common, **mla, "rope_interleave": True}
 
 
 def read_config_file(path: Path) -> dict:
@@ -206,8 +234,6 @@ LAYER_FIELDS = {
     "hidden_size",
     "intermediate_size",
     "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
     "num_hidden_layers",
     "hidden_act",
     "rms_norm_eps",
@@ -216,9 +242,14 @@ LAYER_FIELDS = {
     "vocab_size",
     "tie_word_embeddings",
 }
+LLAMA_FIELDS = {"num_key_value_heads", "head_dim"}
 
 
-def _layer_checks(layer: dict) -> list[tuple[bool, str]]:
+def is_mla(config: dict) -> bool:
+    return config.get("architectures") == [MLA_ARCHITECTURE]
+
+
+def _layer_checks(layer: dict, mla: bool) -> list[tuple[bool, str]]:
     return [
         (layer["num_hidden_layers"] == 1, "num_hidden_layers must be 1"),
         (layer["hidden_act"] == "silu", "hidden_act must be 'silu'"),
@@ -228,16 +259,25 @@ def _layer_checks(layer: dict) -> list[tuple[bool, str]]:
         ),
         (not layer.get("attention_bias") and not layer.get("bias") and not layer.get("mlp_bias"), "biases are not supported"),
         (layer.get("rope_scaling") is None, "rope_scaling must be null"),
+        (not mla or layer.get("rope_interleave", True) is True, "rope_interleave must be true (the draft trains interleaved RoPE)"),
     ]
 
 
+def _layer_fields(top: dict) -> set[str]:
+    """The layer config's fields a draft of ``top``'s architecture needs."""
+    return LAYER_FIELDS | (set(MLA_FIELDS) if is_mla(top) else LLAMA_FIELDS)
+
+
 def _shape(layer: dict, top: dict, num_aux: int) -> DraftShape:
+    mla = is_mla(top)
+    heads = layer["num_attention_heads"]
+    m = MLAShape(*(layer[name] for name in MLA_FIELDS)) if mla else None
     return DraftShape(
         hidden_size=layer["hidden_size"],
         intermediate_size=layer["intermediate_size"],
-        num_attention_heads=layer["num_attention_heads"],
-        num_key_value_heads=layer["num_key_value_heads"],
-        head_dim=layer["head_dim"],
+        num_attention_heads=heads,
+        num_key_value_heads=heads if mla else layer["num_key_value_heads"],
+        head_dim=m.qk_head_dim if mla else layer["head_dim"],
         target_hidden_size=top["target_hidden_size"],
         num_aux=num_aux,
         vocab_size=layer["vocab_size"],
@@ -245,6 +285,8 @@ def _shape(layer: dict, top: dict, num_aux: int) -> DraftShape:
         rms_norm_eps=float(layer["rms_norm_eps"]),
         rope_theta=float(layer["rope_theta"]),
         max_position_embeddings=layer["max_position_embeddings"],
+        mla=m,
+        fc_norm=bool(top.get("fc_norm") or top.get("use_aux_norm")),
     )
 
 
@@ -260,7 +302,7 @@ class ExportFormat(ABC):
     """One engine's export format."""
 
     name: str  # the engine's name, the key in EXPORT_FORMATS
-    architecture: str  # the config's architectures[0]
+    architecture: str  # the config's architectures[0] for a llama-layout draft
     aux_id_semantics: str  # what an id in this format's config means (written into the provenance)
     unknown_tensor: str  # what the engine's loader does with a tensor name it has no parameter for
 
@@ -301,6 +343,14 @@ class ExportFormat(ABC):
     @abstractmethod
     def no_capture(self, shape: DraftShape, version: str, architecture: str) -> str:
         """What goes wrong when the engine's class for ``architecture`` captures no aux states."""
+
+    def architecture_of(self, shape: DraftShape) -> str:
+        """The config's architectures[0] for a draft of ``shape``'s layout (both engines name the mla class alike)."""
+        return self.architecture if shape.mla is None else MLA_ARCHITECTURE
+
+    def draft_class(self, shape: DraftShape) -> str:
+        """The engine's class that serves a draft of ``shape``'s layout (a name in its registry)."""
+        return self.architecture_of(shape)
 
     def unknown_architecture(self, version: str) -> str:
         return f"{self.name} {version} has no model class for this architecture"
@@ -360,7 +410,7 @@ class SGLangFormat(ExportFormat):
     unknown_tensor = "skips it silently (the trained weights never load)"
 
     def owns(self, config: dict) -> bool:
-        return "speculators_config" not in config
+        return not EXPORT_FORMATS["vllm"].owns(config)
 
     def engine_aux_ids(self, ids: AuxLayerIds) -> list[int]:
         return ids.sglang_argument
@@ -371,22 +421,25 @@ class SGLangFormat(ExportFormat):
     def write_config(self, shape: DraftShape, spec: ExportSpec) -> dict:
         ids = self._ids(shape, spec)
         return {
-            "architectures": [self.architecture],
+            "architectures": [self.architecture_of(shape)],
             **layer_config(shape, spec.dtype),
             "draft_vocab_size": shape.draft_vocab_size,
             "target_hidden_size": shape.target_hidden_size,
+            **({"fc_norm": True} if shape.fc_norm else {}),
             **({"norm_output": True} if spec.norm_output else {}),
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": self.engine_aux_ids(ids), "use_aux_hidden_state": True},
             "streamdraft": self._provenance(shape, spec) | ({} if spec.norm_output else {"norm_output_key": NORM_OUTPUT_NOTE}),
         }
 
     def parse(self, config: dict, where: str) -> ExportConfig:
-        _require(config, {"architectures", "model_type", *LAYER_FIELDS, *SGLANG_FIELDS}, where)
+        _require(config, {"architectures", "model_type", *SGLANG_FIELDS}, where)
+        known = [self.architecture, MLA_ARCHITECTURE]
+        if config["architectures"] not in [[a] for a in known]:
+            raise ValueError(f"{where}: architectures must be one of {[[a] for a in known]}")
+        _require(config, _layer_fields(config), where)
         _fail_first(
             [
-                (config["architectures"] == [self.architecture], f"architectures must be [{self.architecture!r}]"),
-                *_layer_checks(config),
-                (not config.get("fc_norm") and not config.get("use_aux_norm"), "fc_norm / use_aux_norm are not supported"),
+                *_layer_checks(config, is_mla(config)),
                 (isinstance(config.get("norm_output", False), bool), "norm_output must be true or false"),
             ],
             where,
@@ -432,8 +485,9 @@ VLLM_FIELDS = {
     "target_hidden_size",
     "eagle_aux_hidden_state_layer_ids",
 }
+VLLM_MLA_FIELDS = {"draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids"}
 NORM_BEFORE_RESIDUAL = "norm_before_residual must be false (vLLM's speculators default is true: the residual would be the normed hidden)"
-NUM_AUX = "transformer_layer_config.num_aux_hidden_states must equal the number of aux layer ids (vLLM sizes fc by it, default 3)"
+NUM_AUX = "num_aux_hidden_states must equal the number of aux layer ids (vLLM sizes fc by it, default 3)"
 
 
 class VLLMFormat(ExportFormat):
@@ -445,18 +499,37 @@ class VLLMFormat(ExportFormat):
     )
     unknown_tensor = "refuses it (load_weights raises)"
 
+    def draft_class(self, shape: DraftShape) -> str:
+        """vLLM maps a speculators eagle3 config to its ``Eagle3LlamaForCausalLM``."""
+        return "Eagle3LlamaForCausalLM" if shape.mla is None else MLA_ARCHITECTURE
+
     def owns(self, config: dict) -> bool:
-        return "speculators_config" in config
+        """A speculators config, or an mla config with vLLM's top-level aux ids (SGLang's are in eagle_config)."""
+        return "speculators_config" in config or (is_mla(config) and "eagle_config" not in config)
 
     def engine_aux_ids(self, ids: AuxLayerIds) -> list[int]:
         return ids.vllm
 
     def carries_d2t(self, shape: DraftShape) -> bool:
-        """vLLM has no ``draft_id_to_target_id`` parameter when the vocabularies are equal."""
-        return shape.draft_vocab_size != shape.vocab_size
+        """vLLM's llama class has no ``draft_id_to_target_id`` parameter when the vocabularies are equal; its mla
+        class always has one."""
+        return shape.mla is not None or shape.draft_vocab_size != shape.vocab_size
 
     def write_config(self, shape: DraftShape, spec: ExportSpec) -> dict:
         ids = self._ids(shape, spec)
+        if shape.mla is not None:  # vLLM reads the mla class's config as a transformers one, no speculators block
+            return {
+                "architectures": [MLA_ARCHITECTURE],
+                **layer_config(shape, spec.dtype),
+                "num_aux_hidden_states": shape.num_aux,
+                "draft_vocab_size": shape.draft_vocab_size,
+                "target_hidden_size": shape.target_hidden_size,
+                "norm_before_residual": False,
+                "fc_norm": shape.fc_norm,
+                "norm_output": spec.norm_output,
+                "eagle_aux_hidden_state_layer_ids": self.engine_aux_ids(ids),
+                "streamdraft": self._provenance(shape, spec),
+            }
         layer = {**layer_config(shape, spec.dtype), "num_aux_hidden_states": shape.num_aux}
         k, arch = spec.num_speculative_tokens, spec.target_architecture
         return {
@@ -467,7 +540,7 @@ class VLLMFormat(ExportFormat):
             "target_hidden_size": shape.target_hidden_size,
             "norm_before_residual": False,
             "norm_before_fc": False,
-            "fc_norm": False,
+            "fc_norm": shape.fc_norm,
             "norm_output": spec.norm_output,
             "eagle_aux_hidden_state_layer_ids": self.engine_aux_ids(ids),
             "speculators_config": {
@@ -480,21 +553,22 @@ class VLLMFormat(ExportFormat):
         }
 
     def parse(self, config: dict, where: str) -> ExportConfig:
-        _require(config, VLLM_FIELDS, where)
-        layer = config["transformer_layer_config"]
+        mla = is_mla(config)
+        _require(config, VLLM_MLA_FIELDS if mla else VLLM_FIELDS, where)
+        layer = config if mla else config["transformer_layer_config"]
         if not isinstance(layer, dict):
             raise ValueError(f"{where}: transformer_layer_config must be an object")
-        _require(layer, LAYER_FIELDS, f"{where} (transformer_layer_config)")
+        _require(layer, _layer_fields(config), where if mla else f"{where} (transformer_layer_config)")
         ids = config["eagle_aux_hidden_state_layer_ids"]
         if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             raise ValueError(f"{where}: eagle_aux_hidden_state_layer_ids must be a non-empty list of ints, got {ids!r}")
         _fail_first(
             [
-                (config["speculators_model_type"] == "eagle3", "speculators_model_type must be 'eagle3'"),
-                (layer.get("model_type", "llama") == "llama", "transformer_layer_config.model_type must be 'llama'"),
-                *_layer_checks(layer),
-                (config.get("norm_before_residual", True) is False, NORM_BEFORE_RESIDUAL),
-                (not config.get("norm_before_fc") and not config.get("fc_norm"), "norm_before_fc / fc_norm are not supported"),
+                (mla or config["speculators_model_type"] == "eagle3", "speculators_model_type must be 'eagle3'"),
+                (mla or layer.get("model_type", "llama") == "llama", "transformer_layer_config.model_type must be 'llama'"),
+                *_layer_checks(layer, mla),
+                (config.get("norm_before_residual", not mla) is False, NORM_BEFORE_RESIDUAL),
+                (not config.get("norm_before_fc"), "norm_before_fc is not supported"),
                 (isinstance(config.get("norm_output", False), bool), "norm_output must be true or false"),
                 (layer.get("num_aux_hidden_states", 3) == len(ids), NUM_AUX),
             ],

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from models.aux_support import aux_capture_support
+from models.aux_support import aux_capture_support, draft_class_known
 from models.draft import DraftShape
 from models.target_config import read_text_config
 from models.vocab_map import VocabMap
@@ -233,8 +233,18 @@ def verify_export(export_dir: str | Path, engine: str, target: str | Path | None
             _replay(engine, config, shapes, facts.vocab_size, report)
         _vocab(report, small, parsed)
     if parsed is not None:
+        _draft_class(report, fmt, parsed)
         _target(report, parsed, facts, EMBEDDING in shapes)
     return report
+
+
+def _draft_class(report: Report, fmt, parsed: ExportConfig) -> None:
+    """The engine version the project reads must register the class that serves this draft's layout."""
+    cls = fmt.draft_class(parsed.shape)
+    known, version = draft_class_known(fmt.name, cls)
+    if not known:
+        layout = parsed.shape.layout
+        report.add("draft", cls, f"{fmt.name} {version} registers no draft class {cls}: it cannot serve a {layout}-layout draft")
 
 
 def verify_exports(dirs: dict[str, Path], target: str | Path | None = None) -> dict[str, Report]:

@@ -95,7 +95,8 @@ def build(cfg: Config, par: Parallel, ckpt_root: Path) -> Built:
     head, ids = target.head, tuple(target.head.info.aux_layer_ids)
     if cfg.data.chat_template is not None:  # the data and the serving eval render with it
         head.tokenizer.chat_template = read_chat_template(cfg.data.chat_template)
-    configured = draft_shape_for(head.config, len(ids), cfg.draft.vocab_size, cfg.draft.intermediate_size)
+    d = cfg.draft
+    configured = draft_shape_for(head.config, len(ids), d.vocab_size, d.intermediate_size, d.layout, d.fc_norm)
     check_engine_memory(cfg, head.config, len(ids), par.device)  # before DeepSpeed and the engine take the GPU
     init = initial_draft(cfg.draft, head, configured)  # draft.init_from, checked against this target and config
     shape = init.shape if init else configured

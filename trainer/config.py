@@ -15,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from models.draft import LAYOUTS
 from models.feature_engines import FEATURE_ENGINES
 from serving.formats import DEFAULT_SPECULATIVE_TOKENS
 from serving.speedup import DEFAULT_CONCURRENCY, DEFAULT_SETTINGS, parse_setting
@@ -45,6 +46,8 @@ class DraftConfig:
     step_decay: float = 0.8  # the loss weight of TTT position k is step_decay^k
     norm_output: bool = False  # false: SGLang feeds the draft its pre-norm output back at draft steps > 0
     intermediate_size: Optional[int] = None  # the draft MLP's width; None: the target's
+    layout: str = "llama"  # the decoder layer: llama (grouped-query attention) or mla (DeepSeek-V2 multi-latent, as Kimi-K2.x drafts)
+    fc_norm: bool = False  # EAGLE-3.1: an RMSNorm over each aux state before fc
     compile_pointwise: Optional[bool] = None  # RMSNorm, SiLU x up, RoPE through torch.compile; None: on a CUDA trainer
     init_from: Optional[str] = None  # an EAGLE-3 draft dir to train on (export, SpecForge, speculators); None: from the target
 
@@ -52,6 +55,7 @@ class DraftConfig:
         _require(self.vocab_size > 0, "draft.vocab_size", "must be positive")
         _require(self.intermediate_size is None or self.intermediate_size > 0, "draft.intermediate_size", "must be positive or null")
         _require(self.ttt_steps >= 1, "draft.ttt_steps", "must be >= 1")
+        _require(self.layout in LAYOUTS, "draft.layout", f"must be one of {', '.join(LAYOUTS)}")
         _require(0 < self.step_decay <= 1, "draft.step_decay", "must be in (0, 1]")
 
 

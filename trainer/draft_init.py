@@ -18,8 +18,14 @@ from models.vocab_map import VocabMap
 from serving.export import load_draft
 from trainer.config import DraftConfig
 
-SETTABLE = {"draft_vocab_size": "draft.vocab_size", "intermediate_size": "draft.intermediate_size"}  # shape field -> its key
-TARGET_SIZES = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "target_hidden_size", "num_aux", "vocab_size")
+SETTABLE = {  # shape field -> its key
+    "layout": "draft.layout",
+    "fc_norm": "draft.fc_norm",
+    "draft_vocab_size": "draft.vocab_size",
+    "intermediate_size": "draft.intermediate_size",
+}
+TARGET_SIZES = ("hidden_size", "num_attention_heads", "target_hidden_size", "num_aux", "vocab_size")
+ATTENTION_SIZES = ("num_key_value_heads", "head_dim", "mla")  # compared when the layouts agree
 
 
 @dataclass
@@ -53,8 +59,10 @@ def initial_draft(cfg: DraftConfig, head: TargetHead, shape: DraftShape) -> Init
     for field, key in SETTABLE.items():
         theirs, ours = getattr(parsed.shape, field), getattr(shape, field)
         if theirs != ours:
-            problems.append(f"its {field} is {theirs}, this run's {ours}: set {key}={theirs}")
-    for field in TARGET_SIZES:
+            said = str(theirs).lower() if isinstance(theirs, bool) else theirs  # as the command line writes it
+            problems.append(f"its {field} is {theirs}, this run's {ours}: set {key}={said}")
+    same_layout = parsed.shape.layout == shape.layout
+    for field in TARGET_SIZES + (ATTENTION_SIZES if same_layout else ()):
         theirs, ours = getattr(parsed.shape, field), getattr(shape, field)
         if theirs != ours:
             problems.append(f"its {field} is {theirs}, a draft of this target has {ours}: it was trained for another target")

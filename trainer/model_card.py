@@ -48,8 +48,8 @@ def model_card(engine: str, export_dir: Path, served: dict, cfg: Config, built: 
         "",
         "## Draft",
         "",
-        f"- hidden {shape.hidden_size}, MLP {shape.intermediate_size}, {shape.num_attention_heads} heads / {shape.num_key_value_heads} "
-        f"KV heads, draft vocab {shape.draft_vocab_size} of {shape.vocab_size} target tokens",
+        f"- {_attention(shape)}, hidden {shape.hidden_size}, MLP {shape.intermediate_size}, "
+        f"draft vocab {shape.draft_vocab_size} of {shape.vocab_size} target tokens" + (", fc_norm" if shape.fc_norm else ""),
         f"- feeds back its {'normed' if parsed.norm_output else 'pre-norm'} output at draft steps after the first "
         f"(norm_output {parsed.norm_output})",
         f"- started from: {_started_from(cfg, built)}",
@@ -150,3 +150,13 @@ def add_speedup(export_dir: Path, speedup: dict) -> None:
     lines.append(f"- every setting measured: `{speedup['results']}`; `serving.launch --draft` uses the best (`serving.json`)")
     with card.open("a", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
+
+
+def _attention(shape) -> str:
+    if shape.mla is None:
+        return f"llama layout ({shape.num_attention_heads} heads / {shape.num_key_value_heads} KV heads)"
+    m = shape.mla
+    return (
+        f"mla layout ({shape.num_attention_heads} heads; q rank {m.q_lora_rank}, kv latent {m.kv_lora_rank}, "
+        f"head {m.qk_nope_head_dim} + rope {m.qk_rope_head_dim}, v {m.v_head_dim})"
+    )

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from models.draft import Eagle3Draft, apply_rope, rope_cos_sin
+from models.draft import Eagle3Draft
 
 
 class DraftRunner:
@@ -76,19 +76,15 @@ class DraftRunner:
         """Causal attention of rows x [T, 2H] over the cache plus themselves; appends their k/v."""
         a, s = self.draft.midlayer.self_attn, self.draft.shape
         t, start = x.shape[0], self.length
-        q = a.q_proj(x).view(t, s.num_attention_heads, s.head_dim).transpose(0, 1)[None]  # [1, H_q, T, D]
-        k = a.k_proj(x).view(t, s.num_key_value_heads, s.head_dim).transpose(0, 1)[None]  # [1, H_kv, T, D]
-        v = a.v_proj(x).view(t, s.num_key_value_heads, s.head_dim).transpose(0, 1)[None]
         positions = torch.arange(start, start + t, device=x.device)[None]  # [1, T]
-        cos, sin = rope_cos_sin(positions, s.head_dim, s.rope_theta, q.dtype)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = a.qkv(x[None], positions)  # [1, H_q, T, D], [1, H_kv, T, D], [1, H_kv, T, Dv]
         self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=2)
         self.values = v if self.values is None else torch.cat([self.values, v], dim=2)
         groups = s.num_attention_heads // s.num_key_value_heads
         keys, values = (c.repeat_interleave(groups, dim=1) for c in (self.keys, self.values))  # [1, H_q, L, D]
-        scores = (q @ keys.transpose(-1, -2)) * s.head_dim**-0.5  # [1, H_q, T, L]
+        scores = (q @ keys.transpose(-1, -2)) * q.shape[-1] ** -0.5  # [1, H_q, T, L]
         visible = torch.arange(self.length, device=x.device)[None] <= positions[0][:, None]  # [T, L]
         scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
         probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        out = (probs @ values)[0].transpose(0, 1).reshape(t, -1)  # [T, H_q * D]
+        out = (probs @ values)[0].transpose(0, 1).reshape(t, -1)  # [T, H_q * Dv]
         return a.o_proj(out)

@@ -38,7 +38,7 @@ from serving.speculative.decode import Generation, speculative_generate, teacher
 from serving.speculative.draft_runner import DraftRunner
 from serving.speculative.target_runner import TargetRunner, greedy_generate
 from serving.verify import verify_export
-from tests.fixtures.tiny import TINY_DRAFT, tiny_config
+from tests.fixtures.tiny import TINY_DRAFT, TINY_MLA_DRAFT, tiny_config
 from trainer.build import eval_prompt_set
 from trainer.ttt import target_labels, ttt_unroll
 
@@ -155,10 +155,11 @@ def test_miswired_server_is_flagged_and_accepts_about_one(target, fitted):
 # --------------------------------------------------------------------------- parts
 
 
-def test_draft_runner_equals_the_ttt_unroll():
+@pytest.mark.parametrize("shape", [TINY_DRAFT, TINY_MLA_DRAFT], ids=["llama", "mla"])
+def test_draft_runner_equals_the_ttt_unroll(shape):
     """Serving (extend rows + chain steps on a KV cache) feeds back what the TTT unroll trains on."""
     torch.manual_seed(0)
-    draft = Eagle3Draft(TINY_DRAFT).eval()
+    draft = Eagle3Draft(shape).eval()
     t, steps = 6, 3
     aux, ids = torch.randn(1, t, 72), torch.randint(0, 50, (1, t + steps))
     for norm_output in (False, True):

@@ -291,7 +291,7 @@ def test_corrupt_vocab_map_in_export_is_refused(tmp_path):
         (lambda c: c.update(norm_output="no"), "norm_output must be true or false"),
         (lambda c: c.update(architectures=["LlamaForCausalLM"]), "architectures must be"),
         (lambda c: c.update(num_hidden_layers=2), "num_hidden_layers must be 1"),
-        (lambda c: c.update(use_aux_norm=True), "fc_norm / use_aux_norm"),
+        (lambda c: c.update(use_aux_norm=True), "missing tensor(s) ['fc_norm.0.weight'"),  # the config says fc_norm, the tensors lack it
         (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 7]), "fc.weight has shape"),
     ],
 )
