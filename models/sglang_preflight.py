@@ -64,7 +64,7 @@ from models.aux_support import (
     sglang_registry,
     source_version,
 )
-from models.target_config import read_text_config
+from models.target_config import read_json_object, read_text_config
 
 SOURCE_ENV = "STREAMDRAFT_SGLANG_SRC"
 INSTALL_HINT = "pip install 'streamdraft[sglang]'"
@@ -397,9 +397,49 @@ def _source(source_dir: str | Path | None) -> SGLangSource:
 
 
 def check_target(path: str | Path, aux_layer_ids: Sequence[int], source_dir: str | Path | None = None) -> Preflight:
-    """The preflight of a local target dir against the SGLang source (``find_sglang_source``)."""
-    shape = read_target_shape(path)
-    return preflight(_source(source_dir), shape.architecture, shape.num_layers, aux_layer_ids, shape.hidden_size)
+    """The preflight of a local target dir against the SGLang source (``find_sglang_source``): its quantization
+    format one SGLang builds, then its class's aux capture."""
+    shape, source = read_target_shape(path), _source(source_dir)
+    problem = quantization_problem(path, source)
+    if problem is not None:
+        raise ValueError(problem)
+    return preflight(source, shape.architecture, shape.num_layers, aux_layer_ids, shape.hidden_size)
+
+
+def quantization_methods(source: SGLangSource) -> set[str]:
+    """The ``quant_method`` names SGLang registers (``BASE_QUANTIZATION_METHODS`` of ``srt/layers/quantization``,
+    its platform updates included)."""
+    tree = ast.parse((source.package_dir / "srt" / "layers" / "quantization" / "__init__.py").read_text(encoding="utf-8-sig"))
+    tables = [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Assign, ast.AnnAssign))
+        and any(dotted_name(t) == "BASE_QUANTIZATION_METHODS" for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))
+    ]
+    tables += [
+        node.args[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and dotted_name(node.func) == "BASE_QUANTIZATION_METHODS.update" and node.args
+    ]
+    return {k.value for table in tables if isinstance(table, ast.Dict) for k in table.keys if isinstance(k, ast.Constant)}
+
+
+def quantization_problem(path: str | Path, source: SGLangSource) -> str | None:
+    """Why SGLang cannot build the target's weights in the format its ``quantization_config`` names (None: it can,
+    or the target is not quantized)."""
+    file = Path(path) / "config.json"
+    config = read_json_object(file, f"{file}: missing")
+    quant = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
+    if not quant:
+        return None
+    method = quant.get("quant_method")
+    known = quantization_methods(source)
+    if method not in known:
+        return (
+            f"{file}: quantization_config.quant_method {method!r} is not a format SGLang {source.version} builds "
+            f"(srt/layers/quantization: {', '.join(sorted(known))})"
+        )
+    return None
 
 
 # --------------------------------------------------------------------------- the attention backend

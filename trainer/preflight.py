@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from models.aux_ids import AuxLayerIds
+from models.sglang_preflight import SGLangSource, find_sglang_source, quantization_problem
 from models.target import resolve_target_path
 from models.target_config import read_text_config
 from serving.formats import CONFIG_FILE, WEIGHTS_FILE, read_config_file
@@ -23,7 +25,9 @@ from trainer.speedup_phase import check_speedup, prompt_files
 
 def check_inputs(cfg: Config, ckpt_root: Path) -> None:
     """Every input path of ``cfg`` (``ckpt_root``: this run dir's checkpoints, for ``trainer.resume=auto``)."""
-    check_target_path(cfg.target.path)
+    check_target_path(cfg.target.path, cfg.target.aux_layer_ids)
+    if cfg.engine.name == "sglang":
+        check_sglang_format(cfg.target.path)
     check_draft_path(cfg.draft.init_from)
     check_data_paths(cfg.data)
     if cfg.data.chat_template is not None:
@@ -37,16 +41,33 @@ def check_inputs(cfg: Config, ckpt_root: Path) -> None:
         check_prompt_file("trainer.speedup.prompts_files", path)
 
 
-def check_target_path(path: str | None) -> None:
-    """``target.path``: a transformers dir whose ``config.json`` reads, or a ``.gguf`` file (None: the embedded default)."""
+def check_target_path(path: str | None, aux_layer_ids: list[int] | None = None) -> None:
+    """``target.path``: a transformers dir whose ``config.json`` reads, or a ``.gguf`` file (None: the embedded
+    default); ``target.aux_layer_ids``, when set, within the depth that config gives."""
     if path is None:
         return
     try:
         directory, gguf_file = resolve_target_path(path)  # what loading it will resolve
-        if gguf_file is None:
-            read_text_config(directory)
+        text = read_text_config(directory)[1] if gguf_file is None else None
     except ValueError as e:
         raise ValueError(f"config target.path: {e}") from None
+    if text is not None and aux_layer_ids is not None:
+        try:
+            AuxLayerIds.of(aux_layer_ids, int(text["num_hidden_layers"]))
+        except ValueError as e:
+            raise ValueError(f"config target.aux_layer_ids: {e} ({directory / CONFIG_FILE})") from None
+
+
+def check_sglang_format(path: str | None) -> None:
+    """engine=sglang: the target's weights in a format SGLang builds (read from its source; without one, the
+    engine's own start says SGLang is missing)."""
+    source = find_sglang_source()
+    if path is None or source is None:
+        return
+    directory, gguf_file = resolve_target_path(path)
+    problem = quantization_problem(directory, SGLangSource.read(source)) if gguf_file is None else None
+    if problem is not None:
+        raise ValueError(f"config target.path: {problem}")
 
 
 def check_draft_path(path: str | None) -> None:
