@@ -8,7 +8,7 @@
 #    layers of bf16 experts (OUT/kimi30), the INT4 run's log kept;
 # 2. launch/kimi_served.py: the served width check on the run's export and its two negative controls;
 # 3. serving.sglang_eval: the export in SGLang's own EAGLE-3 decoding on the same target (a 3-token chain).
-# Knobs (environment): TRAIN_S=120 MAX_STEPS=1000 TIMEOUT_S=560 MEM=0.64 PYTHON=python3 TOKENIZER= (as
+# Knobs (environment): TRAIN_S=120 MAX_STEPS=1000 TIMEOUT_S=560 MEM=0.64 PYTHON=python3 TOKENIZER= LAYOUT=llama (as
 # kimi_reduced_run.sh) PROMPTS= (the prompt file decoded in 3; default the run's eval_prompts.jsonl).
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 OUT [LAYERS EXPERTS KIMI_ARGS TOKENS]" >&2; exit 2; }
@@ -17,7 +17,7 @@ PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 run() {  # run NAME LAYERS EXPERTS KIMI_ARGS AUX
   GPUS=1 TP=1 LAYERS=$2 EXPERTS=$3 KIMI_ARGS=$4 AUX=$5 TOKENS=$TOKENS MEM=${MEM:-0.64} \
-    TRAIN_S=${TRAIN_S:-120} MAX_STEPS=${MAX_STEPS:-1000} TIMEOUT_S=${TIMEOUT_S:-560} KEEP_EXPORT=1 \
+    TRAIN_S=${TRAIN_S:-120} MAX_STEPS=${MAX_STEPS:-1000} TIMEOUT_S=${TIMEOUT_S:-560} KEEP_EXPORT=1 LAYOUT=${LAYOUT:-llama} \
     bash launch/kimi_reduced_run.sh "$OUT/$1"
 }
 LAYERS=${2:-61} EXPERTS=${3:-8} ARGS=${4---int4} TOKENS=${5:-4096}

@@ -10,6 +10,7 @@
 #
 # Knobs (environment): GPUS=2 TP=$GPUS LAYERS=5 EXPERTS=16 KIMI_ARGS= (more launch/kimi_reduced.py
 # options: --int4, --language-model) TOKENIZER= (the tokenizer dir to copy; default the embedded target's) AUX=[1,2,3] TOKENS=8192 MEM=0.15 (SGLang's mem_fraction_static)
+# LAYOUT=llama (the draft's draft.layout: llama or mla)
 # MAX_STEPS=300 TRAIN_S=60 TIMEOUT_S=420 KEEP_EXPORT= (1: keep the exported weights) PEAK_FLOPS= (the GPU's bf16 matmul ceiling for the MFU;
 # default: measured here first) PYTHON=python3. The steps: write the target dir
 # (launch/kimi_reduced.py, with the embed + lm_head the trainer reads); the memory plans
@@ -30,6 +31,7 @@ PY=${PYTHON:-python3}
 GPUS=${GPUS:-2} TP=${TP:-${GPUS:-2}} LAYERS=${LAYERS:-5} EXPERTS=${EXPERTS:-16} AUX=${AUX:-[1,2,3]} TOKENS=${TOKENS:-8192}
 MEM=${MEM:-0.15} MAX_STEPS=${MAX_STEPS:-300} TRAIN_S=${TRAIN_S:-60} TIMEOUT_S=${TIMEOUT_S:-420}
 read -r -a KIMI_ARGS <<< "${KIMI_ARGS:-}"
+LAYOUT=${LAYOUT:-llama}  # the draft's decoder layer: llama or mla (draft.layout)
 [ -z "${TOKENIZER:-}" ] || KIMI_ARGS+=(--tokenizer "$(realpath "$TOKENIZER")")
 POOL=$(((TP + 1) * TOKENS))  # SGLang KV pool: one prefill is TP x TOKENS tokens, plus one batch as headroom
 T="$OUT/target"
@@ -41,7 +43,7 @@ TRAIN=("$PY" -m deepspeed.launcher.runner --num_gpus "$GPUS" --no_local_rank lau
   "engine.sglang.mem_fraction_static=$MEM" "engine.sglang.max_total_tokens=$POOL"
   "data.max_tokens=$TOKENS" data.max_len=2048 data.packing=true data.epoch_samples=40000 draft.vocab_size=32000
   trainer.epochs=1 "trainer.max_steps=$MAX_STEPS" "trainer.max_time_s=$TRAIN_S" trainer.log_every=5
-  trainer.eval_batches=1 trainer.serve_eval=false wandb.mode=disabled "hydra.run.dir=$OUT/run")
+  trainer.eval_batches=1 trainer.serve_eval=false wandb.mode=disabled "draft.layout=$LAYOUT" "hydra.run.dir=$OUT/run")
 VERIFY=("$PY" -m serving.verify "$OUT/run/export/sglang" --engine sglang --target "$T")
 # the trainer on this checkout: does load_target read the head by name, or load the whole target?
 TRAINER_TARGET=()
@@ -54,7 +56,7 @@ else
 fi
 "$PY" launch/kimi_reduced.py "$OUT/kimi-full" --full ${TOKENIZER:+--tokenizer "$(realpath "$TOKENIZER")"}
 "$PY" -m models.memory_plan --config "$T" --tp "$TP" --tokens "$TOKENS" --ranks "$GPUS" --max-total-tokens "$POOL" \
-  "${TRAINER_TARGET[@]}" --json "$OUT/plan.json" | tee "$OUT/plan.txt"
+  --draft-layout "$LAYOUT" "${TRAINER_TARGET[@]}" --json "$OUT/plan.json" | tee "$OUT/plan.txt"
 "$PY" -m models.memory_plan --config "$OUT/kimi-full" --tp 8 --tokens 8192 --ranks 8 --json "$OUT/plan_full.json" | tee "$OUT/plan_full.txt"
 
 if [ "$DRY" = --dry ]; then
