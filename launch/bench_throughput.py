@@ -150,7 +150,7 @@ def make_setup(args: argparse.Namespace) -> Setup:
     target_cfg = dict(TINY if args.tiny else TARGETS[args.target])
     fields = {k: v for k, v in target_cfg.items() if k != "model_type"}
     config = AutoConfig.for_model(target_cfg["model_type"], **fields)
-    shape = draft_shape_for(config, 3, args.draft_vocab)
+    shape = draft_shape_for(config, 3, args.draft_vocab_size)
     g = torch.Generator().manual_seed(1)
     vocab = target_cfg["vocab_size"]
     batches = []
@@ -519,7 +519,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=None, help="sequences per batch (default 4; tiny 2)")
     p.add_argument("--seq", type=int, default=None, help="tokens per sequence (default 2048; tiny 64)")
     p.add_argument("--ttt", type=int, default=7)
-    p.add_argument("--draft-vocab", type=int, default=None, help="default 32000; tiny 128")
+    p.add_argument("--draft-vocab-size", type=int, default=None, help="default 32000; tiny 128")
     p.add_argument("--warmup", type=int, default=None, help="unmeasured steps first (default 3; tiny 1)")
     p.add_argument("--steps", type=int, default=None, help="measured steps (default 10; tiny 3)")
     p.add_argument("--slots", type=int, default=3)
@@ -529,7 +529,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.device = args.device or ("cpu" if args.tiny else "cuda")
     args.rows = args.rows or (2 if args.tiny else 4)
     args.seq = args.seq or (64 if args.tiny else 2048)
-    args.draft_vocab = args.draft_vocab or (128 if args.tiny else 32000)
+    args.draft_vocab_size = args.draft_vocab_size or (128 if args.tiny else 32000)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 3)
     args.steps = args.steps or (3 if args.tiny else 10)
     modes = [m for m in args.modes.split(",") if m]

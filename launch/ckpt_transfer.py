@@ -1,17 +1,17 @@
-"""A training checkpoint carried from one lease of the GPU machine to the next, in parts.
+"""A training checkpoint carried from one GPU host to the next, in parts.
 
 A device call returns at most 8 files of 16 MiB, 64 MiB together, from $OUT, and carries at most 64 MiB of working
 tree, the tracked files (about 20 MB) included. A checkpoint of the recipe's draft, its optimizer state in float32, is
 a few hundred MB, so it leaves in parts over several calls and comes back in as many:
 
-    # the lease that trained: each call puts the next --per-call parts and the manifest into $OUT/ckpt_NNN/
+    # the host that trained: each call puts the next --per-call parts and the manifest into $OUT/ckpt_NNN/
     python3 launch/ckpt_transfer.py out runs/t/checkpoints/step_N --out "$OUT"     # again until "all N parts sent"
     # here: each returned folder kept under an ignored folder (.payload_ckpt/ckpt_NNN/)
-    # the next lease: each call carries some of the folders; the call that completes the set rebuilds the checkpoint
+    # the next host: each call carries some of the folders; the call that completes the set rebuilds the checkpoint
     python3 launch/ckpt_transfer.py in /tmp/ckpt/step_N .payload_ckpt/ckpt_NNN [.payload_ckpt/ckpt_MMM ...]
 
 The checkpoint travels as one uncompressed tar cut into parts; the manifest holds each part's size and sha256 and
-the whole tar's. ``out`` keeps its parts under ``--stage`` until the lease ends, so a call whose return was lost is
+the whole tar's. ``out`` keeps its parts under ``--stage`` until the host is gone, so a call whose return was lost is
 sent again with ``--from K``. ``in`` checks each part as it arrives, keeps the good ones under its ``--stage``, says
 which are missing, and writes the checkpoint only from a complete, verified set (regular files and folders alone).
 """

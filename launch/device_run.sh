@@ -16,10 +16,10 @@
 #                                                   # (torch.compile's); DATA=1: + the answers of recipe RECIPE_NAME, for
 #                                                   # --answered, and its sampled ones)
 #   launch/device_run.sh wait NAME MAX_S            # until job NAME's exit code or MAX_S seconds, collecting every 30 s:
-#                                                   # a call cut at its limit (a lease's last seconds) still returns the
+#                                                   # a call cut at its limit (a host's last seconds) still returns the
 #                                                   # latest collection; give MAX_S well inside the call's limit. A job
 #                                                   # never started on this machine (a bare one) fails it at once (exit 3)
-#   launch/device_run.sh ckpt-out CKPT_DIR [ARGS]   # a checkpoint out to the next lease: the next parts into
+#   launch/device_run.sh ckpt-out CKPT_DIR [ARGS]   # a checkpoint out to the next host: the next parts into
 #                                                   # $OUT/ckpt_NNN/, again until all are sent (launch/ckpt_transfer.py)
 #   launch/device_run.sh ckpt-in DEST FOLDER...     # carried ckpt_NNN folders gathered; DEST rebuilt once all are here
 #   launch/device_run.sh recipe CORPORA_DIR [ARGS]  # launch/recipe.py (ARGS are its own): generation, training and

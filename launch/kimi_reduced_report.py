@@ -136,7 +136,7 @@ def moe_forward_flops(s: TargetShape, ctx: float) -> float:
     return attn + dense + moe
 
 
-def flops_per_token(config: dict, num_aux: int, draft_vocab: int, ctx: float, ttt: int) -> dict[str, float]:
+def flops_per_token(config: dict, num_aux: int, draft_vocab_size: int, ctx: float, ttt: int) -> dict[str, float]:
     """Target forward (``moe_forward_flops``) + labels + draft training (launch/bench_throughput.py's
     formula; its Llama target term is left out)."""
     from launch.bench_throughput import flops_per_token as bench_flops
@@ -144,7 +144,7 @@ def flops_per_token(config: dict, num_aux: int, draft_vocab: int, ctx: float, tt
 
     s = TargetShape.from_config(config)
     tc = transformers_config(config)
-    shape = draft_shape_for(tc, num_aux, draft_vocab)
+    shape = draft_shape_for(tc, num_aux, draft_vocab_size)
     no_target = SimpleNamespace(  # the count's Llama target term is left out: no layers
         hidden_size=s.hidden,
         intermediate_size=s.intermediate,
@@ -264,10 +264,11 @@ def report(out: Path, peak_flops: float = PEAK_FLOPS) -> dict:
     watched = read_json(out / "watch.json")
     rows = rows_of(out / "run" / "metrics.jsonl")
     run_cfg = read_run_config(out / "run" / ".hydra" / "config.yaml")
-    num_aux, draft_vocab, ttt = len(run_cfg["target"]["aux_layer_ids"]), run_cfg["draft"]["vocab_size"], run_cfg["draft"]["ttt_steps"]
+    draft = run_cfg["draft"]
+    num_aux, draft_vocab_size, ttt = len(run_cfg["target"]["aux_layer_ids"]), draft["draft_vocab_size"], draft["ttt_steps"]
     data = (summary or {}).get("data", {})
     ctx = (data["tokens"] / data["samples"] + 1) / 2 if data.get("samples") else 1.0
-    flops = flops_per_token(config, num_aux, draft_vocab, ctx, ttt)
+    flops = flops_per_token(config, num_aux, draft_vocab_size, ctx, ttt)
     perf = throughput(rows, max(1, len(ranks)))
     if perf:
         perf["mfu"] = perf["tokens_per_s"] * flops["total"] / (perf["ranks"] * peak_flops)

@@ -41,7 +41,7 @@ TRAIN=("$PY" -m deepspeed.launcher.runner --num_gpus "$GPUS" --no_local_rank lau
   engine=sglang target=local "target.path=$T" "target.aux_layer_ids=$AUX" target.dtype=bfloat16
   "engine.sglang.tp_size=$TP" engine.sglang.load_format=dummy engine.sglang.attention_backend=triton
   "engine.sglang.mem_fraction_static=$MEM" "engine.sglang.max_total_tokens=$POOL"
-  "data.max_tokens=$TOKENS" data.max_len=2048 data.packing=true data.epoch_samples=40000 draft.vocab_size=32000
+  "data.max_tokens=$TOKENS" data.max_len=2048 data.packing=true data.epoch_samples=40000 draft.draft_vocab_size=32000
   trainer.epochs=1 "trainer.max_steps=$MAX_STEPS" "trainer.max_time_s=$TRAIN_S" trainer.log_every=5
   trainer.eval_batches=1 trainer.serve_eval=false wandb.mode=disabled "draft.layout=$LAYOUT" "hydra.run.dir=$OUT/run")
 VERIFY=("$PY" -m serving.verify "$OUT/run/export/sglang" --engine sglang --target "$T")

@@ -18,7 +18,7 @@
 
 3. **the grid** (``--grid SETTING...``, after the training): ``serving.speedup`` on the export with more
    draft settings (trees), resuming the training's own results (the target alone and its chain are
-   not measured again), timed as its own phase: it is the lease's experiment, not the recipe's time.
+   not measured again), timed as its own phase: an experiment beside the recipe, not counted in its time.
 
 ``phases.json`` (rewritten as each phase ends, so a cut run keeps what finished; a later run adds
 to it) and the table at the end give each phase's seconds and what it made. ``--phases training``
@@ -45,10 +45,10 @@ from trainer.datagen.replicas import fit_generator, open_generator
 from trainer.regenerate import generation_meta, prompt_conversations, regenerate, replicas_arg, unanswered
 
 PHASES = ("generation", "training")
-# a sampled answer for evals, codeio and chitchat too changed τ by -0.05 +- 0.06 / +0.02 +- 0.07 (docs/BENCHMARKS.md, section 30)
+# sampled answers for ShareGPT's prompts only: for every source they serve no better (docs/BENCHMARKS.md, "What did not help")
 SAMPLED_SOURCES = ("sharegpt", "sharegpt_followups")
 HELDOUT = ("sharegpt", "codeio", "evals")
-GRID_PHASE = "speedup grid"  # --grid: the lease's experiment, not the recipe's time
+GRID_PHASE = "speedup grid"  # --grid: an experiment beside the recipe, not counted in its time
 
 
 class Phases:

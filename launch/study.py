@@ -3,7 +3,7 @@
     python3 launch/study.py --out outputs/study --synthetic outputs/synthetic/answered.jsonl \\
         --base-file outputs/regenerated/chatterbot_english.jsonl --sizes 1 4 16 64 --max-steps 2000 \\
         --holdout-categories computers food history money movies science sports \
-        -- trainer.export_every=200 draft.vocab_size=4096 schedule.lr=1e-3 data.max_tokens=1024
+        -- trainer.export_every=200 draft.draft_vocab_size=4096 schedule.lr=1e-3 data.max_tokens=1024
 
 **Data.** The base set is the training side of one source: the chatterbot corpus (default)
 or ``--base-file`` (OpenAI-messages jsonl, e.g. the target's regeneration of chatterbot).
@@ -28,7 +28,7 @@ shared machine swing with its load; steps and tokens do not. ``--grid FILE`` (YA
 ``regimes: {name: [override, ...]}``, ``max_steps``, ``max_time_s``, ``overrides``) replaces
 the defaults; flags given on the command line win. Arguments after ``--`` are Hydra
 overrides for every run (``trainer.export_every=N`` gives the acceptance curves more points).
-The chatterbot data group also sets its recipe (``draft.vocab_size=4096 schedule.lr=1e-3
+The chatterbot data group also sets its recipe (``draft.draft_vocab_size=4096 schedule.lr=1e-3
 data.max_tokens=1024``); the ``openai`` group of ``--base-file`` does not, so pass those after
 ``--`` to compare the two.
 

@@ -111,8 +111,8 @@ def draft_shape_for(
         raise ValueError(f"config draft.layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
     if draft_vocab_size > target_config.vocab_size:
         raise ValueError(
-            f"config draft.vocab_size: {draft_vocab_size} is above the target's vocabulary of {target_config.vocab_size} "
-            f"tokens; set draft.vocab_size={target_config.vocab_size} or less"
+            f"config draft.draft_vocab_size: {draft_vocab_size} is above the target's vocabulary of {target_config.vocab_size} "
+            f"tokens; set draft.draft_vocab_size={target_config.vocab_size} or less"
         )
     heads = target_config.num_attention_heads
     mla = MLAShape.of_target(target_config) if layout == "mla" else None

@@ -39,7 +39,7 @@ MEASURED_8B = {
     "kv_heads": 8,
     "head_dim": 128,
     "vocab": 128256,
-    "draft_vocab": 32000,
+    "draft_vocab_size": 32000,
 }
 
 
@@ -230,7 +230,7 @@ class DraftCounts:
     intermediate: int
     q_width: int
     kv_width: int
-    draft_vocab: int
+    draft_vocab_size: int
 
 
 def transformers_config(config: dict):
@@ -243,12 +243,12 @@ def transformers_config(config: dict):
     return AutoConfig.for_model(kind, **{k: v for k, v in text.items() if k != "quantization_config"})
 
 
-def draft_counts(config, num_aux: int, draft_vocab: int, intermediate_size: int | None = None, layout: str = "llama") -> DraftCounts:
+def draft_counts(config, num_aux: int, draft_vocab_size: int, intermediate_size: int | None = None, layout: str = "llama") -> DraftCounts:
     """The draft the trainer builds for ``config`` (a transformers config; ``intermediate_size``: the
     draft's MLP width, default the target's; ``layout``: llama or mla), counted on the meta device."""
     from models.draft import Eagle3Draft, draft_shape_for
 
-    shape = draft_shape_for(config, num_aux, draft_vocab, intermediate_size, layout)
+    shape = draft_shape_for(config, num_aux, draft_vocab_size, intermediate_size, layout)
     with torch.device("meta"):
         draft = Eagle3Draft(shape)
     trainable = sum(p.numel() for p in draft.parameters() if p.requires_grad)
@@ -280,11 +280,11 @@ def draft_activation_bytes(d: DraftCounts, tokens: int) -> float:
         + 2 * m["hidden"] * (m["heads"] + 2 * m["kv_heads"]) * m["head_dim"]
         + m["heads"] * m["head_dim"] * m["hidden"]
         + 3 * m["hidden"] * m["intermediate"]
-        + m["hidden"] * m["draft_vocab"]
+        + m["hidden"] * m["draft_vocab_size"]
     )
     states_8b = trainable_8b * (2 + 2 + 4) + 2 * m["vocab"] * m["hidden"] * BF16 + 3 * m["tokens"] * 4 * m["hidden"] * BF16
-    width_8b = ttt_width(m["hidden"], m["intermediate"], m["heads"] * m["head_dim"], m["kv_heads"] * m["head_dim"], m["draft_vocab"])
-    width = ttt_width(d.hidden, d.intermediate, d.q_width, d.kv_width, d.draft_vocab)
+    width_8b = ttt_width(m["hidden"], m["intermediate"], m["heads"] * m["head_dim"], m["kv_heads"] * m["head_dim"], m["draft_vocab_size"])
+    width = ttt_width(d.hidden, d.intermediate, d.q_width, d.kv_width, d.draft_vocab_size)
     return (m["peak_bytes"] - states_8b) * tokens / m["tokens"] * width / width_8b
 
 
@@ -339,7 +339,7 @@ def plan(
     ranks: int | None = None,
     slots: int = 3,
     num_aux: int = 3,
-    draft_vocab: int = 32000,
+    draft_vocab_size: int = 32000,
     max_total_tokens: int | None = None,
     hf_target_in_trainer: bool = False,
     draft_layout: str = "llama",
@@ -356,7 +356,7 @@ def plan(
     if pool < group:
         raise ValueError(f"max_total_tokens {pool} < one prefill of {tp} x {tokens} = {group} tokens")
     w, kv, hand = weight_bytes(s, tp), kv_bytes_per_token(s), handoff_bytes_per_token(s, num_aux)
-    d = draft_counts(transformers_config(config), num_aux, draft_vocab, layout=draft_layout)
+    d = draft_counts(transformers_config(config), num_aux, draft_vocab_size, layout=draft_layout)
     embed = s.vocab * s.hidden * BF16
     moe_buffers = group * s.topk * (s.moe_intermediate // tp + s.hidden) * BF16 + 2 * group * s.hidden * BF16
     attention = group * (s.heads // tp) * (2 * (s.nope + s.rope) + 2 * s.v_head) * BF16  # MHA prefill: q, k, v, output
@@ -394,7 +394,7 @@ def plan(
         "kv_pool_tokens": pool,
         "static_bytes": w["per_gpu"] + pool * kv,
         "num_aux": num_aux,
-        "draft_vocab": draft_vocab,
+        "draft_vocab_size": draft_vocab_size,
         "slots": slots,
     }
     return Plan(s, tp, tokens, ranks, items, facts)
@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> Plan:
     p.add_argument("--ranks", type=int, default=None, help="trainer ranks ZeRO shards over (default: --tp)")
     p.add_argument("--slots", type=int, default=3)
     p.add_argument("--num-aux", type=int, default=3)
-    p.add_argument("--draft-vocab", type=int, default=32000)
+    p.add_argument("--draft-vocab-size", type=int, default=32000)
     p.add_argument("--draft-layout", choices=("llama", "mla"), default="llama", help="the draft's decoder layer (draft.layout)")
     p.add_argument("--max-total-tokens", type=int, default=None, help="SGLang KV pool (default: one prefill)")
     p.add_argument(
@@ -448,7 +448,7 @@ def main(argv: list[str] | None = None) -> Plan:
         ranks=a.ranks,
         slots=a.slots,
         num_aux=a.num_aux,
-        draft_vocab=a.draft_vocab,
+        draft_vocab_size=a.draft_vocab_size,
         draft_layout=a.draft_layout,
         max_total_tokens=a.max_total_tokens,
         hf_target_in_trainer=a.hf_target_in_trainer,

@@ -44,7 +44,7 @@ class RunIdentity:
         """What a checkpoint was trained on, every size that shapes a saved or rebuilt tensor included;
         a resume compares it key by key (trainer.resume_allow)."""
         info, cfg, shape = self.info, self.cfg, self.shape.to_dict()
-        derived = ("vocab_size", "draft_vocab_size", "target_hidden_size", "num_aux")  # in target.* or draft.vocab_size
+        derived = ("vocab_size", "target_hidden_size", "num_aux")  # the target's: in target.*
         return {
             "target": {
                 "architecture": info.architecture,
@@ -56,7 +56,7 @@ class RunIdentity:
                 "embedding": self.embed_digest,
             },
             "draft": {k: v for k, v in shape.items() if k not in derived}
-            | {"vocab_size": self.shape.draft_vocab_size, "ttt_steps": cfg.draft.ttt_steps, "norm_output": cfg.draft.norm_output},
+            | {"ttt_steps": cfg.draft.ttt_steps, "norm_output": cfg.draft.norm_output},
             "vocab_map": ckpt.vocab_digest(vocab),
             "data": asdict(cfg.data) | {"seed": cfg.trainer.seed},
             "schedule": asdict(cfg.schedule) | {"epochs": cfg.trainer.epochs, "max_steps": cfg.trainer.max_steps},
@@ -96,7 +96,7 @@ def build(cfg: Config, par: Parallel, ckpt_root: Path) -> Built:
     if cfg.data.chat_template is not None:  # the data and the serving eval render with it
         head.tokenizer.chat_template = read_chat_template(cfg.data.chat_template)
     d = cfg.draft
-    configured = draft_shape_for(head.config, len(ids), d.vocab_size, d.intermediate_size, d.layout, d.fc_norm)
+    configured = draft_shape_for(head.config, len(ids), d.draft_vocab_size, d.intermediate_size, d.layout, d.fc_norm)
     check_engine_memory(cfg, head.config, len(ids), par.device)  # before DeepSpeed and the engine take the GPU
     init = initial_draft(cfg.draft, head, configured)  # draft.init_from, checked against this target and config
     shape = init.shape if init else configured
@@ -107,7 +107,7 @@ def build(cfg: Config, par: Parallel, ckpt_root: Path) -> Built:
     prompts, prompt_origin = eval_prompt_set(cfg, data)
     resume_from = resume_path(cfg.trainer.resume, ckpt_root)
     # the map trained with: draft.init_from's, else from an epoch of the mix (counts follow its weights)
-    built = init.vocab if init else vocab_map(loader.epoch_samples(0), head.info.vocab_size, cfg.draft.vocab_size)
+    built = init.vocab if init else vocab_map(loader.epoch_samples(0), head.info.vocab_size, cfg.draft.draft_vocab_size)
     if resume_from:
         check_resume(cfg, resume_from, identity.fingerprint(built))  # before anything is built to the checkpoint's shapes
     vocab = VocabMap.load(resume_from / ckpt.VOCAB_FILE) if resume_from else built
@@ -159,12 +159,12 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
     return {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}[name]
 
 
-def vocab_map(samples: list[EncodedSample], target_vocab: int, draft_vocab: int) -> VocabMap:
+def vocab_map(samples: list[EncodedSample], target_vocab: int, draft_vocab_size: int) -> VocabMap:
     """The draft vocabulary of ``samples``' loss-masked tokens, counted in one pass over all of them."""
     total = sum(len(s.input_ids) for s in samples)
     ids = np.fromiter(itertools.chain.from_iterable(s.input_ids for s in samples), np.int64, total)  # [N]
     mask = np.fromiter(itertools.chain.from_iterable(s.loss_mask for s in samples), np.bool_, total)  # [N]
-    return build_vocab_map(count_tokens([(torch.from_numpy(ids), torch.from_numpy(mask))], target_vocab), draft_vocab)
+    return build_vocab_map(count_tokens([(torch.from_numpy(ids), torch.from_numpy(mask))], target_vocab), draft_vocab_size)
 
 
 def total_steps(cfg: Config, data: PreparedData, loader: MixLoader, par: Parallel) -> int:

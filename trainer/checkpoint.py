@@ -68,7 +68,7 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 
 
 def differences(saved: dict, now: dict, allow: list[str]) -> list[str]:
-    """Fingerprint keys (dotted, e.g. ``draft.vocab_size``) whose values differ, except those
+    """Fingerprint keys (dotted, e.g. ``draft.draft_vocab_size``) whose values differ, except those
     under a top-level key in ``allow``; one line each."""
     saved, now = _flat(saved), _flat(now)
     out = []

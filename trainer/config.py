@@ -41,7 +41,7 @@ class TargetConfig:
 
 @dataclass
 class DraftConfig:
-    vocab_size: int = 32000  # at most the target vocab (a larger one is refused)
+    draft_vocab_size: int = 32000  # the draft's vocabulary: the target tokens its lm_head scores (at most the target's vocab_size)
     ttt_steps: int = 7  # draft positions unrolled per training step (test-time training)
     step_decay: float = 0.8  # the loss weight of TTT position k is step_decay^k
     norm_output: bool = False  # false: SGLang feeds the draft its pre-norm output back at draft steps > 0
@@ -52,7 +52,7 @@ class DraftConfig:
     init_from: Optional[str] = None  # an EAGLE-3 draft dir to train on (export, SpecForge, speculators); None: from the target
 
     def __post_init__(self) -> None:
-        _require(self.vocab_size > 0, "draft.vocab_size", "must be positive")
+        _require(self.draft_vocab_size > 0, "draft.draft_vocab_size", "must be positive")
         _require(self.intermediate_size is None or self.intermediate_size > 0, "draft.intermediate_size", "must be positive or null")
         _require(self.ttt_steps >= 1, "draft.ttt_steps", "must be >= 1")
         _require(self.layout in LAYOUTS, "draft.layout", f"must be one of {', '.join(LAYOUTS)}")

@@ -21,7 +21,7 @@ from trainer.config import DraftConfig
 SETTABLE = {  # shape field -> its key
     "layout": "draft.layout",
     "fc_norm": "draft.fc_norm",
-    "draft_vocab_size": "draft.vocab_size",
+    "draft_vocab_size": "draft.draft_vocab_size",
     "intermediate_size": "draft.intermediate_size",
 }
 TARGET_SIZES = ("hidden_size", "num_attention_heads", "target_hidden_size", "num_aux", "vocab_size")

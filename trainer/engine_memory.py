@@ -61,7 +61,7 @@ def check_engine_memory(cfg: Config, target_config, num_aux: int, device: torch.
 
 def check_batch_fits(cfg: Config, target_config, num_aux: int, free: float) -> None:
     """``check_trainer_room`` for ``cfg``'s draft and batch with ``free`` bytes free on the GPU."""
-    d = draft_counts(target_config, num_aux, cfg.draft.vocab_size, cfg.draft.intermediate_size, cfg.draft.layout)
+    d = draft_counts(target_config, num_aux, cfg.draft.draft_vocab_size, cfg.draft.intermediate_size, cfg.draft.layout)
     tokens, fraction = cfg.data.max_tokens, cfg.engine.sglang.mem_fraction_static
     fit = fitting_tokens((1 - fraction) * free, lambda n: draft_trainer_bytes(d, n), cfg.data.max_len, tokens)
     check_trainer_room(fraction, free, draft_trainer_bytes(d, tokens), tokens, fit)

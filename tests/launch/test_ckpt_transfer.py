@@ -1,4 +1,4 @@
-"""launch/ckpt_transfer.py: a checkpoint out of one lease in parts, call by call, and back in, byte for byte."""
+"""launch/ckpt_transfer.py: a checkpoint out of one host in parts, call by call, and back in, byte for byte."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def test_a_checkpoint_leaves_in_parts_and_comes_back_byte_for_byte(tmp_path, cap
         parts = [p for p in folder.iterdir() if p.name != "manifest.json"]
         assert 1 <= len(parts) <= 3 and all(p.stat().st_size <= 10_485 for p in parts)
 
-    dest, stage = tmp_path / "lease2" / "step_7", str(tmp_path / "stage_in")
+    dest, stage = tmp_path / "host2" / "step_7", str(tmp_path / "stage_in")
     ckpt_transfer.main(["in", str(dest), str(folders[2]), "--stage", stage])  # carried in any order
     assert "3 of 10 parts here; missing: part_000, part_001, part_002, part_003, part_004, part_005, part_009" in capsys.readouterr().out
     assert not dest.exists()
@@ -80,7 +80,7 @@ def test_a_call_whose_return_was_lost_is_sent_again(tmp_path, capsys):
 
 def test_a_damaged_or_foreign_part_is_named_and_the_good_ones_are_kept(tmp_path, capsys):
     folders = _send_all(_checkpoint(tmp_path / "run"), tmp_path, capsys)
-    dest, stage = tmp_path / "lease2" / "step_7", tmp_path / "stage_in"
+    dest, stage = tmp_path / "host2" / "step_7", tmp_path / "stage_in"
     damaged = folders[1] / "part_004"
     data = bytearray(damaged.read_bytes())
     data[100] ^= 1
@@ -126,7 +126,7 @@ def test_device_run_sends_and_rebuilds_through_its_two_subcommands(tmp_path):
         assert done.returncode == 0, done.stderr
         folders += sorted(out.iterdir())
     assert "all 10 parts sent" in done.stdout
-    dest = tmp_path / "lease2" / "step_7"
+    dest = tmp_path / "host2" / "step_7"
     args = ["ckpt-in", str(dest), *map(str, folders), "--stage", str(tmp_path / "s_in")]
     done = subprocess.run(["bash", str(DEVICE_RUN), *args], cwd=ROOT, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -104,7 +104,7 @@ def test_study_splits_the_given_recipes_answers_and_runs_the_study_on_them(tmp_p
     assert run.argvs == [
         (PYTHON, "launch/study.py", "--out", str(r), "--base-file", str(r / "data" / "base.jsonl"))
         + ("--synthetic", str(r / "data" / "more.jsonl"), "--sizes", "2", "16", "4", "1", "--max-steps", "300", "--parallel", "8")
-        + ("--devices", "0", "1", "--", "draft.vocab_size=32000", "schedule.lr=5e-4", "data.max_len=2048", "data.max_tokens=16384")
+        + ("--devices", "0", "1", "--", "draft.draft_vocab_size=32000", "schedule.lr=5e-4", "data.max_len=2048", "data.max_tokens=16384")
         + ("data.answer_tokens=128", "data.holdout_fraction=0.05", "trainer.spec_tokens=6", "trainer.log_every=50")
         + ("trainer.eval_prompts=64", "trainer.eval_max_new_tokens=128", "trainer.eval_prompts_file=/c/heldout_sharegpt.jsonl")
         + ("data.heldout_prompt_files=[/c/heldout_evals.jsonl,/c/heldout_codeio.jsonl,/c/heldout_chitchat.jsonl]",)
@@ -381,7 +381,7 @@ def test_bg_then_wait_collects_the_jobs_exit_code_and_results(tmp_path):
 
 
 def test_wait_returns_at_its_limit_with_a_collection_of_a_job_still_running(tmp_path):
-    """The lease's last call: the job outlives the wait, and what was collected comes back all the same."""
+    """A host's last call: the job outlives the wait, and what was collected comes back all the same."""
     res, out = tmp_path / "res", tmp_path / "out"
     out.mkdir()
     res.mkdir()
@@ -451,10 +451,10 @@ def test_sweep_trains_each_variant_then_measures_them_against_one_target_alone(t
     argv += [
         "--variant",
         "v8",
-        "draft.vocab_size=8000",
+        "draft.draft_vocab_size=8000",
         "--variant",
         "v16",
-        "draft.vocab_size=16000",
+        "draft.draft_vocab_size=16000",
         "--variant",
         "w",
         "draft.intermediate_size=1536",
@@ -464,7 +464,7 @@ def test_sweep_trains_each_variant_then_measures_them_against_one_target_alone(t
     answers = ("--answered", "/a/answered.jsonl.gz", "--sampled", "/a/sampled.jsonl.gz", "--phases", "training")
     train = [
         (PYTHON, "launch/recipe.py", "--corpora", "/c", "--out", str(r / n), *answers, "--trainer-args", *cap, o)
-        for n, o in (("v8", "draft.vocab_size=8000"), ("v16", "draft.vocab_size=16000"), ("w", "draft.intermediate_size=1536"))
+        for n, o in (("v8", "draft.draft_vocab_size=8000"), ("v16", "draft.draft_vocab_size=16000"), ("w", "draft.intermediate_size=1536"))
     ]
     prompts = ("--prompts", "/c/heldout_sharegpt.jsonl", "/c/heldout_codeio.jsonl", "--settings", "8/8/64", "--concurrency", "1", "16")
     prompts += ("--repeats", "3")

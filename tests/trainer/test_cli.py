@@ -71,10 +71,10 @@ def test_verbose_and_hydra_full_error_give_the_trace(tmp_path):
 @pytest.mark.slow
 def test_an_input_error_in_the_run_is_short_and_leaves_no_run_dir(tmp_path):
     run_dir = tmp_path / "run"
-    out = _trainer(run_dir, *TINY, "draft.vocab_size=60000")
+    out = _trainer(run_dir, *TINY, "draft.draft_vocab_size=60000")
     assert out.returncode == 1 and "Traceback" not in out.stderr + out.stdout, out.stderr
     error = out.stderr[out.stderr.index("error: ") :].strip().splitlines()  # after the weight-loading progress bar
-    assert error[0].startswith("error: config draft.vocab_size: 60000 is above the target's vocabulary") and len(error) <= 3
+    assert error[0].startswith("error: config draft.draft_vocab_size: 60000 is above the target's vocabulary") and len(error) <= 3
     assert not run_dir.exists(), "a run that never started left its run dir"
 
 

@@ -31,7 +31,7 @@ def test_default_composes_to_the_embedded_default():
     cfg = _compose()
     assert cfg.target.path is None and list(cfg.data.sources) == ["chatterbot"] and cfg.data.mix is None
     assert cfg.schedule.name == "cosine" and cfg.draft.ttt_steps == 7
-    assert cfg.draft.vocab_size == 4096 and cfg.schedule.lr == 1e-3  # sized for the small corpus
+    assert cfg.draft.draft_vocab_size == 4096 and cfg.schedule.lr == 1e-3  # sized for the small corpus
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

@@ -76,7 +76,7 @@ def test_a_draft_that_does_not_fit_the_run_names_every_difference_and_its_fix(tm
     assert lines[1:] == [
         "  it reads aux layers [1, 14, 26], this run captures [2, 14, 26]: set target.aux_layer_ids=[1, 14, 26]",
         "  it was trained with norm_output True: set draft.norm_output=true",
-        f"  its draft_vocab_size is {SHAPE.draft_vocab_size}, this run's 16: set draft.vocab_size={SHAPE.draft_vocab_size}",
+        f"  its draft_vocab_size is {SHAPE.draft_vocab_size}, this run's 16: set draft.draft_vocab_size={SHAPE.draft_vocab_size}",
         f"  its intermediate_size is {SHAPE.intermediate_size}, this run's 64: set draft.intermediate_size={SHAPE.intermediate_size}",
     ]
     with pytest.raises(ValueError, match="its hidden_size is 32, a draft of this target has 40: it was trained for another target"):

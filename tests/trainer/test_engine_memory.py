@@ -90,7 +90,7 @@ def test_the_fault_scripts_oom_fraction_is_refused_on_an_h200():
     from tests.trainer.test_config import _compose
 
     cfg = _compose(*F.SGLANG_RUN, *F.GPU_RUN, *F.EVERY_RUN, *F.OOM_FRACTION)
-    d = draft_counts(AutoConfig.from_pretrained(embedded_target_dir()), 3, cfg.draft.vocab_size, cfg.draft.intermediate_size)
+    d = draft_counts(AutoConfig.from_pretrained(embedded_target_dir()), 3, cfg.draft.draft_vocab_size, cfg.draft.intermediate_size)
     need = draft_trainer_bytes(d, cfg.data.max_tokens)
     assert cfg.engine.sglang.max_total_tokens is None
     with pytest.raises(ValueError, match="set engine.sglang.mem_fraction_static=0.9[0-9] or less"):

@@ -133,11 +133,11 @@ def test_resume_refuses_a_different_run_and_allows_a_deliberate_change(build, tm
     with pytest.raises(
         ValueError,
         match=(
-            r"differs from this run:\n  draft.vocab_size: 1024 in the checkpoint, 512 now\n"
+            r"differs from this run:\n  draft.draft_vocab_size: 1024 in the checkpoint, 512 now\n"
             r"  vocab_map: '\w+' in the checkpoint, '\w+' now\n\("
         ),
     ):
-        build(tiny_config("trainer.max_steps=2", "trainer.resume=auto", "draft.vocab_size=512"), tmp_path)
+        build(tiny_config("trainer.max_steps=2", "trainer.resume=auto", "draft.draft_vocab_size=512"), tmp_path)
     with pytest.raises(ValueError, match=r"differs from this run:\n  draft.ttt_steps: 3 in the checkpoint, 2 now\n\("):
         build(tiny_config("trainer.max_steps=2", "trainer.resume=auto", "draft.ttt_steps=2"), tmp_path)
     with pytest.raises(ValueError, match=r"data.max_conversations: 48 in the checkpoint, 40 now"):
@@ -158,19 +158,19 @@ def test_fingerprint_differences_name_only_the_keys_that_differ():
     now = {"draft": {"vocab_size": 4096, "hidden_size": 576}, "data": {"max_len": 256}, "vocab_map": "b", "target": {"dtype": "bf16"}}
     assert ckpt.differences(saved, now, []) == [
         "data.max_len: 128 in the checkpoint, 256 now",
-        "draft.vocab_size: 2048 in the checkpoint, 4096 now",
+        "draft.draft_vocab_size: 2048 in the checkpoint, 4096 now",
         "target.dtype: absent in the checkpoint, 'bf16' now",
         "vocab_map: 'a' in the checkpoint, 'b' now",
     ]
     assert ckpt.differences(saved, now, ["data", "vocab_map"]) == [
-        "draft.vocab_size: 2048 in the checkpoint, 4096 now",
+        "draft.draft_vocab_size: 2048 in the checkpoint, 4096 now",
         "target.dtype: absent in the checkpoint, 'bf16' now",
     ]
 
 
 def test_a_draft_vocab_above_the_targets_is_refused(build, tmp_path):
-    with pytest.raises(ValueError, match=r"config draft.vocab_size: 60000 is above the target's vocabulary of 49152 tokens"):
-        build(tiny_config("draft.vocab_size=60000"), tmp_path)
+    with pytest.raises(ValueError, match=r"config draft.draft_vocab_size: 60000 is above the target's vocabulary of 49152 tokens"):
+        build(tiny_config("draft.draft_vocab_size=60000"), tmp_path)
 
 
 def _wandb_ids(run_dir) -> list[str]:
