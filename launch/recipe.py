@@ -18,7 +18,7 @@
 
 3. **the grid** (``--grid SETTING...``, after the training): ``serving.speedup`` on the export with more
    draft settings (trees), resuming the training's own results (the target alone and its chain are
-   not measured again), timed as its own phase: it is the lease's experiment, not the recipe's time.
+   not measured again), timed as its own phase: an experiment on the export, not part of the recipe's time.
 
 ``phases.json`` (rewritten as each phase ends, so a cut run keeps what finished; a later run adds
 to it) and the table at the end give each phase's seconds and what it made. ``--phases training``
@@ -48,7 +48,7 @@ PHASES = ("generation", "training")
 # a sampled answer for evals, codeio and chitchat too changed τ by -0.05 +- 0.06 / +0.02 +- 0.07 (docs/BENCHMARKS.md, section 30)
 SAMPLED_SOURCES = ("sharegpt", "sharegpt_followups")
 HELDOUT = ("sharegpt", "codeio", "evals")
-GRID_PHASE = "speedup grid"  # --grid: the lease's experiment, not the recipe's time
+GRID_PHASE = "speedup grid"  # --grid: an experiment on the export, not part of the recipe's time
 
 
 class Phases:
@@ -125,7 +125,7 @@ def generate(args: argparse.Namespace, phases: Phases) -> tuple[Path, Path]:
                 f"generation: {name}", report.seconds, written=report.written, new_tokens=report.new_tokens, tokens_per_s=round(rate)
             )
             if name == "greedy":
-                (out / "answered.done").touch()  # launch/device_run.sh study waits for it
+                (out / "answered.done").touch()  # lab/device_run.sh study waits for it
     finally:
         backend.close()
     return answered, sampled
