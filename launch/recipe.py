@@ -45,7 +45,7 @@ from trainer.datagen.replicas import fit_generator, open_generator
 from trainer.regenerate import generation_meta, prompt_conversations, regenerate, replicas_arg, unanswered
 
 PHASES = ("generation", "training")
-# a sampled answer for evals, codeio and chitchat too changed τ by -0.05 +- 0.06 / +0.02 +- 0.07 (docs/BENCHMARKS.md, section 30)
+# the sources whose prompts get a sampled second answer; one for every source: docs/BENCHMARKS.md, "What did not help"
 SAMPLED_SOURCES = ("sharegpt", "sharegpt_followups")
 HELDOUT = ("sharegpt", "codeio", "evals")
 GRID_PHASE = "speedup grid"  # --grid: an experiment on the export, not part of the recipe's time
