@@ -1,1 +1,2 @@
-"""Launchers and benchmarks: scripts run from a checkout (``python launch/NAME.py``), importable as ``launch.NAME``."""
+"""The StreamDraft entry points run from a checkout: ``launch/train.py`` (the DeepSpeed launcher's script) and
+``launch/recipe.py`` (the GPU recipe), importable as ``launch.NAME``."""

@@ -18,7 +18,7 @@
 
 3. **the grid** (``--grid SETTING...``, after the training): ``serving.speedup`` on the export with more
    draft settings (trees), resuming the training's own results (the target alone and its chain are
-   not measured again), timed as its own phase: an experiment beside the recipe, not counted in its time.
+   not measured again), timed as its own phase: an experiment on the export, not part of the recipe's time.
 
 ``phases.json`` (rewritten as each phase ends, so a cut run keeps what finished; a later run adds
 to it) and the table at the end give each phase's seconds and what it made. ``--phases training``
@@ -45,10 +45,10 @@ from trainer.datagen.replicas import fit_generator, open_generator
 from trainer.regenerate import generation_meta, prompt_conversations, regenerate, replicas_arg, unanswered
 
 PHASES = ("generation", "training")
-# sampled answers for ShareGPT's prompts only: for every source they serve no better (docs/BENCHMARKS.md, "What did not help")
+# the sources whose prompts get a sampled second answer; one for every source: docs/BENCHMARKS.md, "What did not help"
 SAMPLED_SOURCES = ("sharegpt", "sharegpt_followups")
 HELDOUT = ("sharegpt", "codeio", "evals")
-GRID_PHASE = "speedup grid"  # --grid: an experiment beside the recipe, not counted in its time
+GRID_PHASE = "speedup grid"  # --grid: an experiment on the export, not part of the recipe's time
 
 
 class Phases:
@@ -125,7 +125,7 @@ def generate(args: argparse.Namespace, phases: Phases) -> tuple[Path, Path]:
                 f"generation: {name}", report.seconds, written=report.written, new_tokens=report.new_tokens, tokens_per_s=round(rate)
             )
             if name == "greedy":
-                (out / "answered.done").touch()  # launch/device_run.sh study waits for it
+                (out / "answered.done").touch()  # lab/device_run.sh study waits for it
     finally:
         backend.close()
     return answered, sampled

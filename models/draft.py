@@ -10,7 +10,7 @@ the target's MLA shape). Parameter names are the checkpoint names both engines l
 
 The pointwise pieces (``rms_norm``, ``silu_mul``, ``apply_rope``) are module functions that the
 modules reach through a ``Pointwise``: looked up here at call time (a benchmark swaps them,
-``launch/draft_variants.py``), or their ``torch.compile``d versions (``Pointwise(compiled=True)``).
+``lab/draft_variants.py``), or their ``torch.compile``d versions (``Pointwise(compiled=True)``).
 
 Attention takes a list of per-step key/value caches: step 0 holds the causal keys of the
 whole sequence; each later TTT step k adds one key per position (the draft token at

@@ -1,10 +1,12 @@
-"""Imports flow one way: models <- serving <- trainer <- launch, no two modules import each other,
+"""Imports flow one way: models <- serving <- trainer <- launch <- lab, no two modules import each other,
 and no two folders do either (a folder: a package or sub-package, its modules one node; the
 trainer's top-level modules are one node, ``trainer/data`` another).
 
 Every import statement of every module is read with ``ast`` (also those inside functions: a
-lazy import is still an arrow). ``python tests/test_imports.py [ROOT]`` prints the offences
-of another checkout.
+lazy import is still an arrow). The product's tests (``tests/models``, ``tests/serving``,
+``tests/trainer``, ``tests/fixtures``, ``tests/test_*.py``) import neither ``launch`` nor the experiment
+tooling in ``lab``: an oracle they need lives in the test or in ``tests/fixtures``. ``python
+tests/test_imports.py [ROOT]`` prints the offences of another checkout.
 """
 
 import ast
@@ -12,7 +14,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("models", "serving", "trainer", "launch")  # a package may import only those before it
+LAYERS = ("models", "serving", "trainer", "launch", "lab")  # a package may import only those before it
+PRODUCT = ("models", "serving", "trainer")  # the installed packages
+TOOLING = ("launch", "lab")  # scripts run from a checkout
+PRODUCT_TESTS = ("tests/models", "tests/serving", "tests/trainer", "tests/fixtures")  # and tests/test_*.py
 
 
 def module_files(root: Path) -> dict[str, Path]:
@@ -131,6 +136,24 @@ def folder_cycle_imports(root: Path, cycle: list[str]) -> list[str]:
     return [line for (a, b), lines in sorted(folder_imports(root).items()) if a in inside and b in inside for line in lines]
 
 
+def product_test_files(root: Path) -> list[Path]:
+    """The tests of models/, serving/ and trainer/, their fixtures and the checks of the whole tree."""
+    files = [p for folder in PRODUCT_TESTS for p in sorted((root / folder).rglob("*.py"))]
+    return files + sorted((root / "tests").glob("test_*.py"))
+
+
+def tooling_imports(root: Path) -> list[str]:
+    """``file -> name`` for each import of ``launch`` or ``lab`` by the product or its tests."""
+    files = [p for package in PRODUCT for p in sorted((root / package).rglob("*.py"))] + product_test_files(root)
+    found = []
+    for path in files:
+        module = ".".join(path.relative_to(root).with_suffix("").parts)
+        for name in sorted(imported_names(path, module)):
+            if name.split(".")[0] in TOOLING:
+                found.append(f"{path.relative_to(root)} -> {name}")
+    return found
+
+
 def test_graph_reads_the_tree():
     graph = import_graph(ROOT)
     assert "trainer.build" in graph and "models.draft" in graph["trainer.build"]
@@ -149,8 +172,12 @@ def test_no_import_cycles_between_folders():
     assert found == [], "\n".join(line for cycle in found for line in folder_cycle_imports(ROOT, cycle))
 
 
+def test_the_product_and_its_tests_import_no_tooling():
+    assert tooling_imports(ROOT) == []
+
+
 def test_tests_import_launch_as_a_package():
-    """Tests import ``launch.*`` like every other package (``launch/__init__.py``), never by editing the import path."""
+    """Tests import ``launch.*`` and ``lab.*`` like every other package (their ``__init__.py``), never by editing the import path."""
     edits = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "tests").rglob("*.py")) if "sys." + "path" in p.read_text()]
     assert edits == []
 
@@ -161,6 +188,7 @@ def test_checks_catch_an_upward_import_and_a_cycle(tmp_path):
         "serving": {"b.py": "import serving.c\n", "c.py": "from . import b\n"},
         "trainer": {},
         "launch": {},
+        "lab": {},
     }.items():
         (tmp_path / package).mkdir()
         (tmp_path / package / "__init__.py").write_text("")
@@ -171,6 +199,25 @@ def test_checks_catch_an_upward_import_and_a_cycle(tmp_path):
     assert cycles(graph) == [["serving.b", "serving.c"]]
 
 
+def test_the_tooling_check_catches_a_product_module_or_test_importing_the_lab(tmp_path):
+    for path, source in {
+        "models/a.py": "",
+        "serving/b.py": "def f():\n    from lab.bench import rows\n",
+        "trainer/c.py": "",
+        "tests/trainer/test_c.py": "import launch.recipe\n",
+        "tests/fixtures/oracle.py": "from lab import variants\n",
+        "tests/test_whole.py": "import models.a\n",
+        "tests/lab/test_bench.py": "from lab.bench import rows\n",  # the tooling's own tests may
+    }.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(source)
+    assert tooling_imports(tmp_path) == [
+        "serving/b.py -> lab.bench.rows",
+        "tests/trainer/test_c.py -> launch.recipe",
+        "tests/fixtures/oracle.py -> lab.variants",
+    ]
+
+
 def test_the_folder_check_catches_a_loop_the_module_check_cannot_see(tmp_path):
     """Two loops of folders through modules that form no module cycle: trainer/data -> trainer/datagen ->
     trainer/data, and the trainer's top level -> trainer/report -> the top level."""
@@ -178,6 +225,7 @@ def test_the_folder_check_catches_a_loop_the_module_check_cannot_see(tmp_path):
         "models/__init__.py": "",
         "serving/__init__.py": "",
         "launch/__init__.py": "",
+        "lab/__init__.py": "",
         "trainer/__init__.py": "",
         "trainer/config.py": "",
         "trainer/loop.py": "from trainer.report import card\n",
@@ -204,4 +252,5 @@ if __name__ == "__main__":
     root = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT
     graph, folder_loops = import_graph(root), cycles(folder_graph(root))
     print("\n".join(["upward:", *upward_imports(graph), "cycles:", *map(" <-> ".join, cycles(graph))]))
+    print("\n".join(["tooling imported by the product or its tests:", *tooling_imports(root)]))
     print("\n".join(["folder cycles:", *(f"{' <-> '.join(c)}: {'; '.join(folder_cycle_imports(root, c))}" for c in folder_loops)]))

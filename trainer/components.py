@@ -179,7 +179,7 @@ class MetricsLog:
             self.sink.log(row, step=step)
 
     def record(self, out: TTTOutput, fb: FeatureBatch, target_s: float, draft_s: float) -> None:
-        """Add one trained batch: its counts, tokens, model FLOPs (the count launch/bench_throughput.py uses), times."""
+        """Add one trained batch: its counts, tokens, model FLOPs (the count lab/bench_throughput.py uses), times."""
         tokens = int(fb.tokens.lengths.sum())
         self.state.tokens_local += tokens
         shape, seq = self.ds_model.module.draft.shape, fb.tokens.input_ids.shape[1]

@@ -1,5 +1,5 @@
 """FLOPs of one online training token and model FLOPs utilisation (MFU): the one count behind
-the trainer's ``perf/mfu`` and ``launch/bench_throughput.py``."""
+the trainer's ``perf/mfu`` and ``lab/bench_throughput.py``."""
 
 from __future__ import annotations
 

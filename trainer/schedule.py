@@ -111,6 +111,6 @@ def run_lr_factor(cfg: ScheduleSettings, start: ScheduleStart, step: int, total_
 
 def draft_optimizer(params: list[torch.nn.Parameter], cfg: ScheduleSettings, device: torch.device) -> torch.optim.AdamW:
     """AdamW over the draft's trainable parameters: one fused kernel per step on a GPU (what
-    launch/bench_throughput.py times), the per-parameter loop elsewhere."""
+    lab/bench_throughput.py times), the per-parameter loop elsewhere."""
     fused = device.type == "cuda"
     return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, fused=fused, foreach=False)

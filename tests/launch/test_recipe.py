@@ -19,7 +19,7 @@ def test_phases_are_kept_as_they_end_and_tabled(tmp_path):
     rows = json.loads((tmp_path / "phases.json").read_text())
     assert [r["phase"] for r in rows] == ["generation: greedy", "training process"] and rows[0]["new_tokens"] == 100
     again.add(recipe.GRID_PHASE, 100.0, settings=["6/8/32"])
-    assert again.table().splitlines()[-1].split()[-1] == "32.3"  # the grid is an experiment beside the recipe, not counted in its time
+    assert again.table().splitlines()[-1].split()[-1] == "32.3"  # the grid is no part of the recipe's time
 
 
 def _conv(text: str) -> list[dict]:

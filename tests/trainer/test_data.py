@@ -7,7 +7,6 @@ are printed (run with -s to see them).
 
 import collections
 import copy
-import json
 import random
 import time
 
@@ -532,16 +531,6 @@ def test_english_batches(tokenizer, english):
     print(f"\nenglish, 4096-token batches: {len(batches)} batches, {real / padded:.0%} of padded tokens are real")
     assert real == sum(len(s.input_ids) for s in samples)
     assert all(b.input_ids.numel() <= 4096 for b in batches)
-
-
-def test_bench_prepare_times_the_runs_data_and_digests_its_samples(tmp_path, tokenizer):
-    from launch.bench_prepare import digest, main
-
-    row = main(["--out", str(tmp_path / "p.json"), "data.max_conversations=30", "data.max_eval_conversations=5"])
-    assert json.loads((tmp_path / "p.json").read_text()) == row
-    assert row["samples"] == 35 and row["tokens"] > 0 and row["seconds"] > 0
-    again = [data.encode_conversation(tokenizer, c, 4096) for c in data.chatterbot_conversations(["english"])[:3]]
-    assert digest(again) != digest(again[:2]) and digest(again) == digest(list(again))
 
 
 PLAIN_TEMPLATE = (

@@ -79,19 +79,3 @@ def test_the_check_is_for_sglang_on_a_gpu_only(monkeypatch):
     engine_memory.check_engine_memory(cfg, None, 3, torch.device("cpu"))  # engine=hf: nothing asked
     sglang = tiny_config("engine=sglang")
     engine_memory.check_engine_memory(sglang, None, 3, torch.device("cpu"))
-
-
-def test_the_fault_scripts_oom_fraction_is_refused_on_an_h200():
-    """launch/faults.py's oom_fraction on its GPU runs: 1 % of an H200 beside its batch is surely too little (at the
-    default 1,024-token batch it was not, and the H200 run went on into training instead of being refused)."""
-    from transformers import AutoConfig
-
-    import launch.faults as F
-    from tests.trainer.test_config import _compose
-
-    cfg = _compose(*F.SGLANG_RUN, *F.GPU_RUN, *F.EVERY_RUN, *F.OOM_FRACTION)
-    d = draft_counts(AutoConfig.from_pretrained(embedded_target_dir()), 3, cfg.draft.draft_vocab_size, cfg.draft.intermediate_size)
-    need = draft_trainer_bytes(d, cfg.data.max_tokens)
-    assert cfg.engine.sglang.max_total_tokens is None
-    with pytest.raises(ValueError, match="set engine.sglang.mem_fraction_static=0.9[0-9] or less"):
-        engine_memory.check_trainer_room(cfg.engine.sglang.mem_fraction_static, 139 * GIB, need, cfg.data.max_tokens, 0)

@@ -76,7 +76,8 @@ def test_packed_plan_and_collate():
 
 
 def test_packing_beats_padding_on_english(tokenizer_and_english):
-    """The figure docs/BENCHMARKS.md, "Packing vs padding", quotes: share of real tokens, chatterbot English, default budget."""
+    """The figure docs/BENCHMARKS.md, "What did not help" (packing vs padding), quotes: share of real tokens, chatterbot
+    English, default budget."""
     from trainer.data import PaddedBatcher, encode_conversations
 
     tokenizer, english = tokenizer_and_english

@@ -136,9 +136,29 @@ def test_simulated_accept_length():
     assert simulated_accept_length([0.0, 1.0]) == 0.0
 
 
-def test_current_kernels_match_the_baseline():
-    """models/attention.py (log-sum-exp merge) and trainer/soft_ce.py against the explicit forms."""
-    from launch.draft_variants import plain_soft_cross_entropy, ttt_attention_scores
+def per_position_attention(q, cache, groups):
+    """The TTT attention one query position at a time: position i attends to the step-0 keys 0..i and to
+    its own row's keys of steps 1..k, one softmax over them all. q [B, H, T, D]; cache[j] = (k, v) [B, H_kv, T, D]."""
+    keys = [(k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)) for k, v in cache]  # each [B, H, T, D]
+    rows = []
+    for i in range(q.shape[2]):
+        k_i = torch.cat([keys[0][0][:, :, : i + 1], *(k[:, :, i : i + 1] for k, _ in keys[1:])], dim=2)  # [B, H, i + k, D]
+        v_i = torch.cat([keys[0][1][:, :, : i + 1], *(v[:, :, i : i + 1] for _, v in keys[1:])], dim=2)
+        weights = torch.softmax((k_i @ q[:, :, i, :, None]).squeeze(-1) * q.shape[-1] ** -0.5, dim=-1)  # [B, H, i + k]
+        rows.append((weights[..., None] * v_i).sum(2))  # [B, H, D]
+    return torch.stack(rows, dim=2)
+
+
+def per_position_soft_cross_entropy(logits, probs, shift):
+    """-sum_v p[t + shift, v] log softmax(logits[t])_v at each position t, 0 where t + shift is past the row."""
+    loss = logits.float().sum(-1) * 0  # [B, T], in the graph of logits even where no position has a label
+    for t in range(logits.shape[1] - shift):
+        loss[:, t] = -(probs[:, t + shift] * torch.log_softmax(logits[:, t].float(), dim=-1)).sum(-1)
+    return loss
+
+
+def test_current_kernels_match_the_per_position_forms():
+    """models/attention.py (log-sum-exp merge) and trainer/soft_ce.py against a position-by-position reference."""
     from models.attention import ttt_attention
     from trainer.soft_ce import soft_cross_entropy
 
@@ -146,17 +166,17 @@ def test_current_kernels_match_the_baseline():
     q = torch.randn(2, 4, 12, 8, requires_grad=True)
     cache = [(torch.randn(2, 2, 12, 8, requires_grad=True), torch.randn(2, 2, 12, 8, requires_grad=True)) for _ in range(3)]
     for n in (1, 3):
-        current, baseline = ttt_attention(q, cache[:n], 2), ttt_attention_scores(q, cache[:n], 2)
-        torch.testing.assert_close(current, baseline)
+        current, reference = ttt_attention(q, cache[:n], 2), per_position_attention(q, cache[:n], 2)
+        torch.testing.assert_close(current, reference)
         inputs = [q, *cache[0], *cache[n - 1]]
-        for a, b in zip(torch.autograd.grad(current.square().sum(), inputs), torch.autograd.grad(baseline.square().sum(), inputs)):
+        for a, b in zip(torch.autograd.grad(current.square().sum(), inputs), torch.autograd.grad(reference.square().sum(), inputs)):
             torch.testing.assert_close(a, b)
     logits, probs = torch.randn(2, 12, 20, requires_grad=True), torch.softmax(torch.randn(2, 12, 20), -1)
     weight = torch.arange(12.0)
-    current, baseline = soft_cross_entropy(logits, probs, 3, chunk=5), plain_soft_cross_entropy(logits, probs, 3)
-    torch.testing.assert_close(current, baseline)
+    current, reference = soft_cross_entropy(logits, probs, 3, chunk=5), per_position_soft_cross_entropy(logits, probs, 3)
+    torch.testing.assert_close(current, reference)
     torch.testing.assert_close(
-        torch.autograd.grad((current * weight).sum(), logits)[0], torch.autograd.grad((baseline * weight).sum(), logits)[0]
+        torch.autograd.grad((current * weight).sum(), logits)[0], torch.autograd.grad((reference * weight).sum(), logits)[0]
     )
 
 
@@ -212,13 +232,12 @@ def test_a_compiled_pointwise_draft_trains_as_the_eager_one():
 def test_soft_cross_entropy_spans_rows_and_matches_the_explicit_form(b, t, shift, chunk):
     """Chunks run across rows: each row's last ``shift`` positions are 0 in value and gradient, the rest
     equal the explicit per-position form, and the kernel calls do not grow with the rows."""
-    from launch.draft_variants import plain_soft_cross_entropy
     from trainer import soft_ce
 
     torch.manual_seed(1)
     logits, probs = torch.randn(b, t, 11, requires_grad=True), torch.softmax(torch.randn(b, t, 11), -1)
     weight = torch.rand(b, t) + 0.5  # non-zero on the invalid positions too
-    current, baseline = soft_ce.soft_cross_entropy(logits, probs, shift, chunk), plain_soft_cross_entropy(logits, probs, shift)
+    current, baseline = soft_ce.soft_cross_entropy(logits, probs, shift, chunk), per_position_soft_cross_entropy(logits, probs, shift)
     torch.testing.assert_close(current, baseline)
     assert not current[:, max(t - shift, 0) :].any()
     torch.testing.assert_close(

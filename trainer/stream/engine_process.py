@@ -65,7 +65,7 @@ from trainer.stream.feature_ring import RingSpec, Slot, allocate_ring, track_ipc
 
 POLL_S = 0.5  # how often a waiting side checks that the other side is alive
 STOP_TIMEOUT_S = 30.0  # from Stop to terminate
-# the line an engine process logs once its target is built (describe()'s words): launch/ scripts wait for it
+# the line an engine process logs once its target is built (describe()'s words): lab/ scripts wait for it
 TARGET_BUILT = re.compile(r"^the engine process \d+ \(.*\): target built in ", re.MULTILINE)
 PROCESS_STATES = {  # the state letter of /proc/PID/stat (Linux)
     "R": "running",
