@@ -8,6 +8,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: launch/recipe.py and the product packages
+
 # SpecForge's checked-in recipe for its smallest Llama-architecture EAGLE-3 target (examples/configs/
 # qwen2.5-0.5b-eagle3-online.yaml): the settings a user of its launcher starts from at this size
 PEER_TRAINING = {
@@ -134,7 +136,7 @@ def export_argv(specforge: list[str], paths: PeerPaths, name: str) -> list[str]:
 def streamdraft_argv(recipe_out: Path, corpora: Path, target: Path | None, seconds: float) -> list[str]:
     """StreamDraft's recipe training (``launch/recipe.py --phases training``) for ``seconds`` on the answers placed in
     ``recipe_out`` (answered.jsonl, sampled.jsonl); its own speedup phase off: the bench measures both exports alike."""
-    argv = [sys.executable, "launch/recipe.py", "--corpora", str(corpora), "--out", str(recipe_out), "--phases", "training"]
+    argv = [sys.executable, str(ROOT / "launch" / "recipe.py"), "--corpora", str(corpora), "--out", str(recipe_out), "--phases", "training"]
     argv += ["--train-s", f"{seconds:g}"]
     argv += [] if target is None else ["--target", str(target)]
     return argv + ["--trainer-args", "trainer.speedup.enabled=false"]

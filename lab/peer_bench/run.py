@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout's product packages
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout's product packages (run as a script)
 
 from lab.peer_bench import commands as C  # noqa: E402
 from lab.peer_bench import report  # noqa: E402
@@ -55,7 +55,7 @@ def gpu_memory_mb() -> float | None:
     return max(float(v) for v in out.stdout.split()) if out.returncode == 0 and out.stdout.strip() else None
 
 
-def execute(stage: str, argv: list[str], log: Path, env: dict | None = None) -> dict:
+def execute(stage: str, argv: list[str], log: Path) -> dict:
     """Run one command to its end, its output into ``log``; its wall seconds and the GPU's peak used memory meanwhile.
     StepFailed naming the stage when it cannot start or exits non-zero."""
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -72,7 +72,7 @@ def execute(stage: str, argv: list[str], log: Path, env: dict | None = None) -> 
     watcher.start()
     try:
         with open(log, "wb") as f:
-            code = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+            code = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, cwd=C.ROOT).returncode
     except OSError as e:
         raise StepFailed(stage, f"{stage}: cannot run {argv[0]} ({e})") from None
     finally:
@@ -265,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         from models.embedded import embedded_target_dir
 
         args.target = embedded_target_dir()
+    for name in ("corpora", "answered", "sampled", "target", "specforge_scripts", "out"):
+        setattr(args, name, getattr(args, name).resolve())  # the commands run in the checkout's root
     for path in (args.answered, args.sampled, args.corpora / "heldout_sharegpt.jsonl", args.corpora / "heldout_codeio.jsonl"):
         if not path.is_file():
             raise SystemExit(f"{path}: no such file")
