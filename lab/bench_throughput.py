@@ -519,7 +519,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=None, help="sequences per batch (default 4; tiny 2)")
     p.add_argument("--seq", type=int, default=None, help="tokens per sequence (default 2048; tiny 64)")
     p.add_argument("--ttt", type=int, default=7)
-    p.add_argument("--draft-vocab-size-size", type=int, default=None, help="default 32000; tiny 128")
+    p.add_argument("--draft-vocab-size", type=int, default=None, help="default 32000; tiny 128")
     p.add_argument("--warmup", type=int, default=None, help="unmeasured steps first (default 3; tiny 1)")
     p.add_argument("--steps", type=int, default=None, help="measured steps (default 10; tiny 3)")
     p.add_argument("--slots", type=int, default=3)

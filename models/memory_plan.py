@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> Plan:
     p.add_argument("--ranks", type=int, default=None, help="trainer ranks ZeRO shards over (default: --tp)")
     p.add_argument("--slots", type=int, default=3)
     p.add_argument("--num-aux", type=int, default=3)
-    p.add_argument("--draft-vocab-size-size", type=int, default=32000)
+    p.add_argument("--draft-vocab-size", type=int, default=32000)
     p.add_argument("--draft-layout", choices=("llama", "mla"), default="llama", help="the draft's decoder layer (draft.layout)")
     p.add_argument("--max-total-tokens", type=int, default=None, help="SGLang KV pool (default: one prefill)")
     p.add_argument(
