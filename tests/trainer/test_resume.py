@@ -154,8 +154,8 @@ def test_resume_refuses_a_different_run_and_allows_a_deliberate_change(build, tm
 
 
 def test_fingerprint_differences_name_only_the_keys_that_differ():
-    saved = {"draft": {"vocab_size": 2048, "hidden_size": 576}, "data": {"max_len": 128}, "vocab_map": "a"}
-    now = {"draft": {"vocab_size": 4096, "hidden_size": 576}, "data": {"max_len": 256}, "vocab_map": "b", "target": {"dtype": "bf16"}}
+    saved = {"draft": {"draft_vocab_size": 2048, "hidden_size": 576}, "data": {"max_len": 128}, "vocab_map": "a"}
+    now = {"draft": {"draft_vocab_size": 4096, "hidden_size": 576}, "data": {"max_len": 256}, "vocab_map": "b", "target": {"dtype": "bf16"}}
     assert ckpt.differences(saved, now, []) == [
         "data.max_len: 128 in the checkpoint, 256 now",
         "draft.draft_vocab_size: 2048 in the checkpoint, 4096 now",
