@@ -6,10 +6,13 @@
 # 1. lab/kimi_reduced_run.sh at TP 1: the co-located SGLang engine (dummy weights) and the trainer of
 #    the 0.985 B draft, OUT/kimi/result.json; when it fails with the INT4 experts, once more with 30
 #    layers of bf16 experts (OUT/kimi30), the INT4 run's log kept;
-# 2. lab/kimi_served.py: the served width check on the run's export and its two negative controls;
-# 3. serving.sglang_eval: the export in SGLang's own EAGLE-3 decoding on the same target (a 3-token chain).
+# 2. lab/kimi_served.py checks: the served width check on the run's export and its two negative controls;
+# 3. serving.sglang_eval: served tau in SGLang's own EAGLE-3 decoding on the same target (a 3-token chain), of the
+#    trained export, of the same export untrained (lab/kimi_served.py untrained) and of the trained one with aux
+#    capture off (lab/kimi_served.py capture-off): OUT/NAME/tau_{trained,untrained,capture_off}.json.
 # Knobs (environment): TRAIN_S=120 MAX_STEPS=1000 TIMEOUT_S=560 MEM=0.64 PYTHON=python3 TOKENIZER= LAYOUT=llama (as
-# kimi_reduced_run.sh) PROMPTS= (the prompt file decoded in 3; default the run's eval_prompts.jsonl).
+# kimi_reduced_run.sh) PROMPTS= (the prompt file decoded in 3; default the run's eval_prompts.jsonl) SERVED="checks untrained capture_off"
+# (the parts of 2 and 3 after the trained export's tau, in that order).
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 OUT [LAYERS EXPERTS KIMI_ARGS TOKENS]" >&2; exit 2; }
 OUT=$(realpath -m "$1"); cd "$(dirname "$0")/.."
@@ -30,12 +33,23 @@ if [ "$(cat "$OUT/$name/train.rc" 2>/dev/null)" != 0 ] && [ -n "$ARGS" ]; then
   run "$name" 30 8 "" "$(ids 30)"
 fi
 R=$OUT/$name
+tau() {  # tau NAME EXPORT [capture-off]: served tau of EXPORT on the run's target -> R/tau_NAME.json
+  echo "== served tau, $1: $2"
+  local launcher=(-m); [ -z "${3:-}" ] || launcher=(lab/kimi_served.py capture-off)
+  "$PY" "${launcher[@]}" serving.sglang_eval "$2" --target "$R/target" --load-format dummy \
+    --prompts "${PROMPTS:-$R/run/eval_prompts.jsonl}" --limit 8 --k 3 --max-new-tokens 64 --json "$R/tau_$1.json" > "$R/tau_$1.log" 2>&1
+  echo "sglang_eval exit $?"; tail -n 5 "$R/tau_$1.log"
+}
 if [ -d "$R/run/export/sglang" ]; then
-  echo "== served checks on $R"
-  "$PY" lab/kimi_served.py "$R"
-  echo "== SGLang EAGLE-3 decoding on $R"
-  "$PY" -m serving.sglang_eval "$R/run/export/sglang" --target "$R/target" --load-format dummy --prompts "${PROMPTS:-$R/run/eval_prompts.jsonl}" \
-    --limit 8 --k 3 --max-new-tokens 64 --json "$R/sglang_eval.json" > "$R/sglang_eval.log" 2>&1
-  echo "sglang_eval exit $?"; tail -n 5 "$R/sglang_eval.log"
+  tau trained "$R/run/export/sglang"
+  for part in ${SERVED-checks untrained capture_off}; do
+    case $part in
+    checks) echo "== served checks on $R"; "$PY" lab/kimi_served.py checks "$R" ;;
+    untrained) "$PY" lab/kimi_served.py untrained "$R" "$R/untrained_export" && tau untrained "$R/untrained_export"
+      rm -rf "$R/untrained_export" ;;
+    capture_off) tau capture_off "$R/run/export/sglang" capture-off ;;
+    *) echo "$0: SERVED: unknown part $part (checks, untrained, capture_off)" >&2 ;;
+    esac
+  done
 fi
 rm -f "$R"/run/export/*/*.safetensors "$OUT"/kimi*/run/export/*/*.safetensors

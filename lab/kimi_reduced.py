@@ -233,19 +233,20 @@ def token_ids(tokenizer_dir: Path) -> dict[str, int]:
     return {k: source[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
 
 
+def dummy_head(vocab: int, hidden: int, device: str) -> torch.Tensor:
+    """[vocab, hidden] bf16 on the CPU, as SGLang's dummy load values a tensor of that shape drawn on ``device``
+    (``initialize_dummy_weights``: uniform in +-1e-3, a generator seeded 1234 per tensor)."""
+    g = torch.Generator(device=device).manual_seed(1234)
+    return torch.empty(vocab, hidden, dtype=torch.bfloat16, device=device).uniform_(-1e-3, 1e-3, generator=g).cpu()
+
+
 def write_head(out: Path, architecture: str, vocab: int, hidden: int, device: str) -> Path:
     """``model.safetensors`` with bf16 embedding and lm_head, [vocab, hidden] each, under the names
-    ``architecture``'s checkpoint gives them. The values are the ones SGLang's dummy load gives a
-    bf16 tensor of that shape (uniform in +-1e-3, a generator on the tensor's device seeded 1234 per
-    tensor: ``initialize_dummy_weights``), so that, drawn on a CUDA device, the trainer's head is the
-    head of the target SGLang serves with ``load_format=dummy``."""
+    ``architecture``'s checkpoint gives them, valued by ``dummy_head``: drawn on a CUDA device, the
+    trainer's head is the head of the target SGLang serves with ``load_format=dummy``."""
     from safetensors.torch import save_file
 
-    def dummy() -> torch.Tensor:
-        g = torch.Generator(device=device).manual_seed(1234)
-        return torch.empty(vocab, hidden, dtype=torch.bfloat16, device=device).uniform_(-1e-3, 1e-3, generator=g).cpu()
-
-    tensors = {name: dummy() for name in HEAD_NAMES[architecture]}
+    tensors = {name: dummy_head(vocab, hidden, device) for name in HEAD_NAMES[architecture]}
     path = out / "model.safetensors"
     save_file(tensors, str(path), metadata={"format": "pt"})
     return path
