@@ -41,6 +41,10 @@ from models.target import TargetInfo
 
 SGLANG_VERSION = "0.5.14"  # the ModelRunner / ScheduleBatch API this module drives
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+# sglang.Engine keywords of a run that hands token ids in and reads token ids out: no tokenizer, and no multimodal
+# processor, which SGLang otherwise builds for a vision-wrapped target (KimiK25ForConditionalGeneration) from
+# processor files a text-only checkpoint dir does not have
+TOKEN_IDS_ENGINE = {"skip_tokenizer_init": True, "enable_multimodal": False}
 
 
 @dataclass(frozen=True)

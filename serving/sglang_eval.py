@@ -107,6 +107,7 @@ def evaluate(
     """One engine with a ``k``-token chain; each prompt set decoded and tallied apart."""
     import sglang
 
+    from models.sglang_target import TOKEN_IDS_ENGINE
     from models.target import load_tokenizer
 
     tokenizer = load_tokenizer(target)
@@ -121,12 +122,12 @@ def evaluate(
         speculative_num_draft_tokens=k + 1,
         attention_backend=backend,
         sampling_backend="pytorch",
-        skip_tokenizer_init=True,
         disable_cuda_graph=True,
         mem_fraction_static=mem,
         load_format=load_format,
         random_seed=0,
         log_level="error",
+        **TOKEN_IDS_ENGINE,
     )
     sampling = {"max_new_tokens": max_new_tokens, "temperature": 0.0, "stop_token_ids": stop}
     results = {}

@@ -26,12 +26,14 @@ import sys
 import time
 from pathlib import Path
 
+from models.sglang_target import TOKEN_IDS_ENGINE
+
 
 def engine_options(job: dict) -> dict:
     """``sglang.Engine`` keywords of a job: the engine options plus, with a draft, EAGLE-3 at its setting."""
     options = {
         "model_path": job["target"],
-        "skip_tokenizer_init": True,
+        **TOKEN_IDS_ENGINE,
         "sampling_backend": "pytorch",
         "random_seed": 0,
         "log_level": "error",

@@ -33,7 +33,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from models.sglang_target import import_sglang
+from models.sglang_target import TOKEN_IDS_ENGINE, import_sglang
 from serving.prompts import stop_ids_of
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 SGLANG_SET = {  # ServerArgs fields the backend sets itself, and how to change them
     "model_path": "the target is --target",
     "skip_tokenizer_init": "always true here (token ids in and out)",
+    "enable_multimodal": "always false here (token ids in and out)",
     "attention_backend": "use --attention-backend",
     "mem_fraction_static": "use --mem-fraction-static (replicas share it)",
     "random_seed": "use --seed",
@@ -362,11 +363,11 @@ class SGLangBackend:
         options = {"sampling_backend": "pytorch", "log_level": "error"} | dict(settings.sglang_args)
         self.engine = sglang.Engine(
             model_path=str(path),
-            skip_tokenizer_init=True,
             attention_backend=settings.attention_backend,
             mem_fraction_static=settings.mem_fraction_static,
             random_seed=settings.seed,
             dtype=settings.dtype,
+            **TOKEN_IDS_ENGINE,
             **options,
         )
 
