@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lab.kimi_reduced import dummy_head
-from lab.kimi_served import untrained_export, wrong_width_export
+from lab.kimi_served import WRONG_HIDDEN, caught, untrained_export, wrong_width_export
 from models.draft import Eagle3Draft
 from models.vocab_map import build_vocab_map, count_tokens
 from serving.export import export_draft, load_export
@@ -78,3 +78,14 @@ def test_the_untrained_control_is_the_draft_as_the_trainer_starts_it(tmp_path, s
             assert t.abs().max() <= bound and t.std() > bound / 3, name  # nn.Linear's uniform draw
     reread, _, _ = load_export(untrained, embed_weight=head.float())
     assert torch.equal(reread.lm_head.weight, head[vocab.draft_to_target].float())
+
+
+def test_a_control_counts_only_when_it_fails_for_its_cause(export, tmp_path):
+    trained, wrong = trained_width(export), trained_width(wrong_width_export(export, tmp_path / "wrong"))
+    capture_off = {"rc": 1, "message": [f"served check failed for E on T: {width_problem(trained, WRAPPER, 7168, 7168)}"]}
+    wrong_width = {"rc": 1, "message": [f"served check failed for E on T: {width_problem(wrong, WRAPPER, 21504, 7168)}"]}
+    assert caught(capture_off, "aux capture is not switched on")
+    assert caught(wrong_width, f"trained on a {WRONG_HIDDEN}-wide target")
+    crashed = {"rc": 1, "message": [], "tail": "ModuleNotFoundError: No module named 'cuda.tile'"}
+    assert not caught(crashed, "aux capture is not switched on")
+    assert not caught({**capture_off, "rc": 0}, "aux capture is not switched on")
