@@ -38,8 +38,8 @@ AUX_LOG = "aux width check"  # the engine's line once its first batch passed che
 # --------------------------------------------------------------------------- watch
 
 
-def children(root: int) -> list[int]:
-    """``root`` and every process below it."""
+def process_tree(root: int) -> dict[int, int]:
+    """``root`` and every process below it, each with its parent's pid."""
     parent: dict[int, int] = {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -48,10 +48,10 @@ def children(root: int) -> list[int]:
             except OSError:  # exited while listing
                 continue
             parent[int(d.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    tree, frontier = [root], [root]
+    tree, frontier = {root: parent.get(root, 0)}, [root]
     while frontier:
         frontier = [p for p, pp in parent.items() if pp in frontier]
-        tree += frontier
+        tree |= {p: parent[p] for p in frontier}
     return tree
 
 
@@ -88,10 +88,10 @@ def watch(pid: int, out: Path, interval: float = 1.0) -> dict:
     start = time.time()
     result: dict = {}
     while running(pid):
-        for p in children(pid):
+        for p, ppid in process_tree(pid).items():
             seen = read_proc(p)
             if seen is not None:
-                row = procs.setdefault(p, {"cmd": seen["cmd"], "io_first": seen["io"], "first_s": time.time() - start})
+                row = procs.setdefault(p, {"cmd": seen["cmd"], "ppid": ppid, "io_first": seen["io"], "first_s": time.time() - start})
                 row["io_last"], row["last_s"] = seen["io"], time.time() - start
         if has_smi:
             for index, used in nvidia_smi("index,memory.used", "gpu"):
@@ -136,15 +136,17 @@ def moe_forward_flops(s: TargetShape, ctx: float) -> float:
     return attn + dense + moe
 
 
-def flops_per_token(config: dict, num_aux: int, draft_vocab_size: int, ctx: float, ttt: int) -> dict[str, float]:
-    """Target forward (``moe_forward_flops``) + labels + draft training (lab/bench_throughput.py's
+def flops_per_token(
+    config: dict, num_aux: int, draft_vocab_size: int, ctx: float, ttt: int, layout: str = "llama", fc_norm: bool = False
+) -> dict[str, float]:
+    """Target forward (``moe_forward_flops``) + labels + training of the draft of ``layout`` (trainer.flops'
     formula; its Llama target term is left out)."""
     from lab.bench_throughput import flops_per_token as bench_flops
     from models.draft import draft_shape_for
 
     s = TargetShape.from_config(config)
     tc = transformers_config(config)
-    shape = draft_shape_for(tc, num_aux, draft_vocab_size)
+    shape = draft_shape_for(tc, num_aux, draft_vocab_size, layout=layout, fc_norm=fc_norm)
     no_target = SimpleNamespace(  # the count's Llama target term is left out: no layers
         hidden_size=s.hidden,
         intermediate_size=s.intermediate,
@@ -194,23 +196,33 @@ def run_files_bytes(run: Path) -> int:
     return sum(f.stat().st_size for f in run.rglob("*") if f.is_file()) if run.is_dir() else 0
 
 
+def own_write_bytes(procs: dict[str, dict]) -> dict[str, int]:
+    """Each watched process's own bytes to storage: the growth of its write counter less the counters of the children
+    it reaped while watched, which Linux adds into a parent's (a launcher's counter holds its trainer's writes)."""
+    own = {pid: p["io_last"]["write_bytes"] - p["io_first"]["write_bytes"] for pid, p in procs.items()}
+    for p in procs.values():
+        parent = procs.get(str(p["ppid"]))
+        if parent is not None and p["last_s"] < parent["last_s"]:  # gone before its parent's last look: reaped into it
+            own[str(p["ppid"])] -= p["io_last"]["write_bytes"]
+    return {pid: max(0, b) for pid, b in own.items()}
+
+
 def disk_report(out: Path, ranks: list[dict], watched: dict | None, tokens: int, handoff: int) -> dict:
-    """Bytes trainer ranks and every process under the launcher sent to storage, the files the
-    run dir holds, and what the hidden states of the trained tokens would have been."""
+    """Bytes the processes under the launcher sent to storage, each counted once (``own_write_bytes``; the trainer
+    ranks' own measure where nothing was watched), the files the run dir holds, and what the hidden states of the
+    trained tokens would have been."""
     rank_bytes = sum(r["io_end"]["write_bytes"] - r["io_start"]["write_bytes"] for r in ranks)
-    rank_pids = {r["pid"] for r in ranks}
-    others = {}
+    processes = {}
     if watched is not None:
-        for pid, p in watched["processes"].items():
-            if int(pid) not in rank_pids:
-                others[pid] = {"cmd": p["cmd"], "write_bytes": p["io_last"]["write_bytes"] - p["io_first"]["write_bytes"]}
-    written = rank_bytes + sum(o["write_bytes"] for o in others.values())
+        own = own_write_bytes(watched["processes"])
+        processes = {pid: {"cmd": p["cmd"], "write_bytes": own[pid]} for pid, p in watched["processes"].items()}
+    written = sum(p["write_bytes"] for p in processes.values()) if processes else rank_bytes
     files = run_files_bytes(out / "run")
     features = tokens * handoff
     beyond = max(0, written - files)
     return {
         "trainer_ranks_write_bytes": rank_bytes,
-        "other_processes": others,
+        "processes": processes,
         "written_bytes": written,
         "run_dir_file_bytes": files,
         "written_beyond_run_files": beyond,
@@ -268,7 +280,7 @@ def report(out: Path, peak_flops: float = PEAK_FLOPS) -> dict:
     num_aux, draft_vocab_size, ttt = len(run_cfg["target"]["aux_layer_ids"]), draft["draft_vocab_size"], draft["ttt_steps"]
     data = (summary or {}).get("data", {})
     ctx = (data["tokens"] / data["samples"] + 1) / 2 if data.get("samples") else 1.0
-    flops = flops_per_token(config, num_aux, draft_vocab_size, ctx, ttt)
+    flops = flops_per_token(config, num_aux, draft_vocab_size, ctx, ttt, draft["layout"], draft["fc_norm"])
     perf = throughput(rows, max(1, len(ranks)))
     if perf:
         perf["mfu"] = perf["tokens_per_s"] * flops["total"] / (perf["ranks"] * peak_flops)

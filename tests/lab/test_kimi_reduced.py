@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from safetensors import safe_open
 
 from lab.kimi_reduced import ARCHITECTURE, KIMI_K25_TEXT, SGLANG_GUARDED, SGLANG_READS, WRAPPER, text_config, write_target
-from lab.kimi_reduced_report import children, moe_forward_flops, read_proc, watch
+from lab.kimi_reduced_report import moe_forward_flops, own_write_bytes, process_tree, read_proc, watch
 from models.memory_plan import GB, TargetShape, param_counts, plan
 from models.memory_plan import main as plan_main
 from trainer.config import register_schema, to_config
@@ -192,7 +192,7 @@ def test_dry_run_prints_commands_whose_overrides_the_schema_accepts(tmp_path):
 def test_watch_sees_a_child_and_its_io_counters():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        assert child.pid in children(os.getpid())
+        assert process_tree(os.getpid())[child.pid] == os.getpid()
         seen = read_proc(child.pid)
         assert seen is not None and "write_bytes" in seen["io"] and "sleep" in seen["cmd"]
     finally:
@@ -211,3 +211,21 @@ def test_watch_follows_a_process_until_it_exits_and_keeps_its_counters(tmp_path)
     seen = result["processes"][child.pid]
     assert seen["io_last"]["wchar"] >= 1 << 20 and "blob" in seen["cmd"]
     assert json.loads((tmp_path / "watch.json").read_text())["root_pid"] == child.pid
+
+
+def test_each_process_writes_are_counted_once():
+    """The chain of the co-located run: a runner that reaped its launcher, which reaped the trainer rank; the rank's
+    engine was still running at the rank's last look. Linux adds a reaped child's counters into its parent's."""
+
+    def proc(ppid, first, last, last_s):
+        return {"cmd": "", "ppid": ppid, "io_first": {"write_bytes": first}, "io_last": {"write_bytes": last}, "last_s": last_s}
+
+    procs = {
+        "10": proc(1, 0, 18 * int(GB) + 7, 100.0),  # runner: the launcher's (and so the rank's) counters, + 7 of its own
+        "11": proc(10, 0, 18 * int(GB), 99.0),  # launcher: the rank's counters
+        "12": proc(11, 0, 18 * int(GB), 98.0),  # the rank: 17.7 GB of checkpoints and exports, its engine's 0.3 GB
+        "13": proc(12, 0, int(GB) // 4, 98.0),  # the engine: seen last with its parent, so not yet reaped into it
+    }
+    own = own_write_bytes(procs)
+    gb = int(GB)
+    assert own == {"10": 7, "11": 0, "12": 18 * gb, "13": gb // 4}
