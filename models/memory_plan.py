@@ -26,6 +26,10 @@ GIB = 2**30
 H200_BYTES = 143_771 * 2**20  # nvidia-smi's total on an H200
 CONTEXT_BYTES = 1.5e9  # est: a CUDA context with NCCL buffers, per process (docs/SGLANG.md)
 EXTRA_CONTEXT = 4  # SGLang 0.5.14 req_to_token row headroom without speculative decoding (mem_cache/common.py:260)
+# est.: what PyTorch's caching allocator holds beyond a DeepSpeed trainer's peak allocation beside its SGLang engine,
+# as a share of the activations, in the plan of a process's peak; sized by the Kimi-K2.5-shaped co-located runs
+# (docs/BENCHMARKS.md, "Kimi-K2.5 shape"), whose reserve beyond the peak varied between identical runs
+ALLOCATOR_RESERVE = 0.25
 # The 8B-shaped measurement the draft activations are scaled from: docs/BENCHMARKS.md, "Training
 # throughput and MFU", its peak GPU memory row (colocated) (Llama-3.1-8B target, draft vocab 32000,
 # 4 x 2048 tokens, TTT 7): trainer peak 25.2 GiB, with torch AdamW (bf16 states, no master copy)
@@ -376,6 +380,9 @@ def plan(
         Item("trainer", "target lm_head for the labels, bf16", embed),
         Item("trainer", f"feature ring ({slots} slots x {tokens} tokens)", slots * tokens * hand),
         Item("trainer", "draft activations", draft_activation_bytes(d, tokens), estimate=True),
+        Item(
+            "trainer", "caching allocator's reserve beyond the peak", ALLOCATOR_RESERVE * draft_activation_bytes(d, tokens), estimate=True
+        ),
         Item("trainer", "CUDA context + NCCL", CONTEXT_BYTES, estimate=True),
     ]
     if hf_target_in_trainer:
