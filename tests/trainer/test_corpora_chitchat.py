@@ -1,4 +1,4 @@
-"""The Chit-Chat corpus out of its wheel (trainer/data/corpora.py) and ``prepare`` with it appended to
+"""The Chit-Chat corpus out of its wheel (trainer/data/corpus_wheels.py) and ``prepare`` with it appended to
 the sources: its held-out file, and the earlier sources' prompts and held-out files left as they were."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from tests.trainer.test_corpora import (
     sharegpt_wheel,
 )
 from trainer import corpora as cli
-from trainer.data.corpora import CHITCHAT_MEMBER, SOURCES, WHEELS, CorpusCounts, chitchat_prompts, json_object_items
 from trainer.data.corpora_select import LeakCheck
+from trainer.data.corpus_wheels import CHITCHAT_MEMBER, SOURCES, WHEELS, CorpusCounts, chitchat_prompts, json_object_items
 
 OLD = ("sharegpt", "evals", "codeio", "sharegpt_followups")
 SIZES = {"sharegpt": 1, "evals": 2, "codeio": 1, "sharegpt_followups": 0}

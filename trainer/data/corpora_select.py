@@ -34,7 +34,7 @@ from typing import Iterable, Iterator, Sequence
 
 from serving.jsonl import json_lines
 from serving.prompts import parse_prompt
-from trainer.data.corpora import WHEELS, CorpusCounts, GroupCap, Prompt, corpus_prompts, default_wheel_dir, open_wheel, pinned_wheel
+from trainer.data.corpus_wheels import WHEELS, CorpusCounts, GroupCap, Prompt, corpus_prompts, default_wheel_dir, open_wheel, pinned_wheel
 from trainer.data.dedup import NearDupIndex, words
 from trainer.data.english import FOREIGN_STOPWORDS, STOPWORDS, is_english
 from trainer.data.split import prompt_key

