@@ -108,8 +108,9 @@ def short_error(e: BaseException) -> str:
         group, _, name = e.missing_cfg_file.rpartition("/")
         lines = [f"Could not find '{e.missing_cfg_file}'{did_you_mean(name, e.options)} (options in '{group}': {', '.join(e.options)})"]
     elif isinstance(e, (HydraException, OmegaConfBaseException)):
-        lines = [str(e).splitlines()[0].rstrip(".")]
-        cause = e.__cause__ if isinstance(e, HydraException) else e
+        lines = [str(e).splitlines()[0].rstrip(".:")]
+        # a key Hydra could not set from an override is the cause; from a config file, the context it raised in
+        cause = (e.__cause__ or e.__context__) if isinstance(e, HydraException) else e
         if cause is not e and isinstance(cause, OmegaConfBaseException) and str(cause):
             lines[0] += f": {str(cause).splitlines()[0]}"
         if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and is_dataclass(cause.object_type):

@@ -39,6 +39,7 @@ def test_a_config_error_is_a_few_lines(tmp_path, override, says):
         ("schedule=wsdd", "Could not find 'schedule/wsdd'; did you mean wsd? (options in 'schedule': constant, cosine, wsd)"),
         ("trainer.max_step=5", "Key 'max_step' not in 'TrainConfig'; did you mean trainer.max_steps?"),
         ("scheduel=wsd", "Key 'scheduel' not in 'Config'; did you mean schedule?"),
+        ("draft.vocab_size=1024", "Key 'vocab_size' not in 'DraftConfig'; did you mean draft.draft_vocab_size?"),
         (
             "+trainer.max_step=5",
             "config trainer.max_step: unknown key (not in the schema, trainer/config.py): remove it or fix its "
@@ -53,6 +54,18 @@ def test_a_short_error_keeps_the_fix(override, says):
             to_config(compose(config_name="config", overrides=[override]))
     lines = console.short_error(err.value).splitlines()
     assert says in lines[0] and len(lines) == 2, lines
+
+
+def test_a_config_file_with_an_unknown_key_names_the_file_and_the_fix(tmp_path):
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text("# @package _global_\ndraft:\n  vocab_size: 2048\n")
+    register_schema()
+    with pytest.raises(console.USER_ERRORS) as err:
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            to_config(compose(config_name="config", overrides=[f"hydra.searchpath=[file://{tmp_path}]", "+experiment=mine"]))
+    lines = console.short_error(err.value).splitlines()
+    says = "ConfigKeyError raised while composing config: Key 'vocab_size' not in 'DraftConfig'; did you mean draft.draft_vocab_size?"
+    assert lines[0] == f"error: In 'experiment/mine': {says}" and len(lines) == 2, lines
 
 
 def test_a_far_off_key_gets_no_guess():

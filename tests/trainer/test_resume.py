@@ -17,6 +17,7 @@ import torch
 from tests.fixtures.tiny import ROOT, TINY, child_env, tiny_config
 from trainer import checkpoint as ckpt
 from trainer import components, loop, phases
+from trainer.build import check_resume
 from trainer.loop import Trainer, run
 
 pytestmark = pytest.mark.slow
@@ -165,6 +166,21 @@ def test_fingerprint_differences_name_only_the_keys_that_differ():
     assert ckpt.differences(saved, now, ["data", "vocab_map"]) == [
         "draft.draft_vocab_size: 2048 in the checkpoint, 4096 now",
         "target.dtype: absent in the checkpoint, 'bf16' now",
+    ]
+
+
+def test_a_checkpoint_with_a_key_of_another_name_is_refused_naming_both(tmp_path):
+    # a checkpoint written when the draft vocab's fingerprint key was draft.vocab_size
+    saved = {"draft": {"vocab_size": 1024, "ttt_steps": 3}, "vocab_map": "a"}
+    path = tmp_path / "step_1"
+    (path / ckpt.STATE_TAG).mkdir(parents=True)
+    (path / ckpt.META_FILE).write_text(json.dumps({"fingerprint": saved}))
+    now = {"draft": {"draft_vocab_size": 1024, "ttt_steps": 3}, "vocab_map": "a"}
+    with pytest.raises(ValueError) as err:
+        check_resume(tiny_config(), path, now)
+    assert str(err.value).splitlines()[1:3] == [
+        "  draft.draft_vocab_size: absent in the checkpoint, 1024 now",
+        "  draft.vocab_size: 1024 in the checkpoint, absent now",
     ]
 
 
