@@ -2,6 +2,8 @@
 # The Kimi-K2.5-shaped target on one GPU, trained and served (docs/KIMI.md), results under OUT:
 #
 #   lab/kimi_one_gpu.sh OUT [LAYERS EXPERTS KIMI_ARGS TOKENS]   # default: 61 8 --int4 4096 (fits an 80-GB GPU)
+#   lab/kimi_one_gpu.sh OUT 61 8 "--int4 --lm-head-scale 131072"  # a trainer's lm_head 2^17 x the served one: the same
+#                                                  # greedy tokens, target probabilities a draft can learn, so served tau compares
 #
 # 1. lab/kimi_reduced_run.sh at TP 1: the co-located SGLang engine (dummy weights) and the trainer of
 #    the 0.985 B draft, OUT/kimi/result.json; when it fails with the INT4 experts, once more with 30

@@ -233,20 +233,25 @@ def token_ids(tokenizer_dir: Path) -> dict[str, int]:
     return {k: source[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
 
 
-def dummy_head(vocab: int, hidden: int, device: str) -> torch.Tensor:
+def dummy_head(vocab: int, hidden: int, device: str, scale: float = 1.0) -> torch.Tensor:
     """[vocab, hidden] bf16 on the CPU, as SGLang's dummy load values a tensor of that shape drawn on ``device``
-    (``initialize_dummy_weights``: uniform in +-1e-3, a generator seeded 1234 per tensor)."""
+    (``initialize_dummy_weights``: uniform in +-1e-3, a generator seeded 1234 per tensor), times ``scale`` (a power
+    of two keeps every value's direction exact)."""
     g = torch.Generator(device=device).manual_seed(1234)
-    return torch.empty(vocab, hidden, dtype=torch.bfloat16, device=device).uniform_(-1e-3, 1e-3, generator=g).cpu()
+    head = torch.empty(vocab, hidden, dtype=torch.bfloat16, device=device).uniform_(-1e-3, 1e-3, generator=g)
+    return (head if scale == 1.0 else (head.float() * scale).bfloat16()).cpu()
 
 
-def write_head(out: Path, architecture: str, vocab: int, hidden: int, device: str) -> Path:
+def write_head(out: Path, architecture: str, vocab: int, hidden: int, device: str, lm_head_scale: float = 1.0) -> Path:
     """``model.safetensors`` with bf16 embedding and lm_head, [vocab, hidden] each, under the names
     ``architecture``'s checkpoint gives them, valued by ``dummy_head``: drawn on a CUDA device, the
-    trainer's head is the head of the target SGLang serves with ``load_format=dummy``."""
+    trainer's head is the head of the target SGLang serves with ``load_format=dummy``. ``lm_head_scale``
+    multiplies the lm_head: the same greedy tokens as the served target's, but target probabilities a draft
+    can learn (SGLang's dummy values give a flat next-token distribution: soft labels at ln V_d)."""
     from safetensors.torch import save_file
 
-    tensors = {name: dummy_head(vocab, hidden, device) for name in HEAD_NAMES[architecture]}
+    embed_name, head_name = HEAD_NAMES[architecture]
+    tensors = {embed_name: dummy_head(vocab, hidden, device), head_name: dummy_head(vocab, hidden, device, lm_head_scale)}
     path = out / "model.safetensors"
     save_file(tensors, str(path), metadata={"format": "pt"})
     return path
@@ -262,6 +267,7 @@ def write_target(
     int4: bool = False,
     wrapper: bool = True,
     head_device: str = "cpu",
+    lm_head_scale: float = 1.0,
     tokenizer: Path | None = None,
     overrides: dict | None = None,
 ) -> dict:
@@ -279,7 +285,7 @@ def write_target(
         shutil.copyfile(tok / name, out / name)
     (out / "model.safetensors").unlink(missing_ok=True)
     if with_head:
-        write_head(out, architecture, text["vocab_size"], text["hidden_size"], head_device)
+        write_head(out, architecture, text["vocab_size"], text["hidden_size"], head_device, lm_head_scale)
     experts_format = "INT4 (compressed-tensors W4A16, group 32)" if int4 else "bf16"
     provenance = {
         "architecture": f"{WRAPPER}, the vision wrapper Moonshot's checkpoint names, its language model {ARCHITECTURE} in text_config"
@@ -291,6 +297,7 @@ def write_target(
         else f"reduced: {layers} layers (the first dense), {experts} routed experts, {experts_format}",
         "weights": "none for the decoder: run SGLang with load_format=dummy (random weights of these shapes)"
         + ("; model.safetensors: seeded random bf16 embed_tokens and lm_head for the trainer" if with_head else ""),
+        "lm_head_scale": lm_head_scale,
         "tokenizer": f"SmolLM2-135M-Instruct's, copied from the embedded target {tok} (models/embedded.py); "
         f"its ids are < {text['vocab_size']}; Kimi's own tokenizer is not shipped",
         "written_by": "lab/kimi_reduced.py",
@@ -311,6 +318,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--tokenizer", type=Path, default=None, help="a dir with the tokenizer to copy (default: the embedded target's)")
     p.add_argument("--with-head", action="store_true", help="also write random embed_tokens + lm_head (4.7 GB) for the trainer")
     p.add_argument("--head-device", default="cuda" if torch.cuda.is_available() else "cpu", help="where the random head is drawn")
+    p.add_argument(
+        "--lm-head-scale", type=float, default=1.0, help="the trainer's lm_head: SGLang's dummy one times this (e.g. 131072 = 2^17)"
+    )
     a = p.parse_args(argv)
     config = write_target(
         a.out,
@@ -321,6 +331,7 @@ def main(argv: list[str] | None = None) -> dict:
         int4=a.int4,
         wrapper=not a.language_model,
         head_device=a.head_device,
+        lm_head_scale=a.lm_head_scale,
         tokenizer=a.tokenizer,
     )
     text = text_config(config)

@@ -76,11 +76,11 @@ def run_capture_off(module: str, argv: list[str]) -> None:
     runpy.run_module(module, run_name="__main__")
 
 
-def untrained_export(export: Path, out: Path, device: str = "cpu") -> Path:
+def untrained_export(export: Path, out: Path, device: str = "cpu", lm_head_scale: float = 1.0) -> Path:
     """A copy of ``export`` holding the draft as the trainer starts it on the dummy target: each linear weight
     [out, in] as ``nn.Linear`` draws it (uniform in +-1/sqrt(in)), each norm weight 1, lm_head the draft-vocab
-    rows of the target head SGLang's dummy load gives (lab/kimi_reduced.dummy_head drawn on ``device``), the
-    vocab map kept."""
+    rows of the trainer's target head (lab/kimi_reduced.dummy_head drawn on ``device``, times ``lm_head_scale``),
+    the vocab map kept."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -97,8 +97,11 @@ def untrained_export(export: Path, out: Path, device: str = "cpu") -> Path:
         if name in fresh:
             continue
         if name.endswith(("lm_head.weight", "embed_tokens.weight")):
-            head = dummy_head(t2d.numel(), t.shape[1], device)  # [V_t, H]
-            fresh[name] = head[d2t.long() + torch.arange(d2t.numel())] if name.endswith("lm_head.weight") else head
+            if name.endswith("lm_head.weight"):
+                head = dummy_head(t2d.numel(), t.shape[1], device, lm_head_scale)  # [V_t, H]
+                fresh[name] = head[d2t.long() + torch.arange(d2t.numel())]
+            else:
+                fresh[name] = dummy_head(t2d.numel(), t.shape[1], device)
         elif t.dim() == 1:
             fresh[name] = torch.ones_like(t)
         else:
@@ -156,7 +159,8 @@ def main(argv: list[str] | None = None) -> None:
     if a.command == "checks":
         checks(a.out)
     elif a.command == "untrained":
-        print(f"wrote {untrained_export(a.out / 'run' / 'export' / 'sglang', a.dest, a.device)}")
+        scale = json.loads((a.out / "target" / "provenance.json").read_text())["lm_head_scale"]  # lab/kimi_reduced.py's
+        print(f"wrote {untrained_export(a.out / 'run' / 'export' / 'sglang', a.dest, a.device, scale)}")
     else:
         run_capture_off(a.module, a.args)
 

@@ -161,6 +161,12 @@ def test_head_is_read_by_name_and_a_dir_without_it_cannot_load(tmp_path):
     assert embed.shape == (163840, 64) and embed.dtype == torch.bfloat16
     engine = HFTargetEngine.from_path(head, [1, 2, 3])
     assert torch.equal(engine.embed_weight, embed.float()) and engine.info.vocab_size == 163840
+    scaled = tmp_path / "scaled"
+    write_target(scaled, full=False, layers=5, experts=16, with_head=True, wrapper=False, overrides=TINY, lm_head_scale=2.0**17)
+    with safe_open(str(scaled / "model.safetensors"), framework="pt") as f:  # the same draw, the lm_head scaled exactly
+        assert torch.equal(f.get_tensor("model.embed_tokens.weight"), embed)
+        assert torch.equal(f.get_tensor("lm_head.weight").float(), embed.float() * 2.0**17)
+    assert json.loads((scaled / "provenance.json").read_text())["lm_head_scale"] == 2.0**17
     assert (engine.info.architecture, engine.info.num_layers) == (ARCHITECTURE, 5)
 
 

@@ -51,8 +51,8 @@ def test_a_dir_that_is_not_an_export_is_named(tmp_path):
         trained_width(tmp_path)
 
 
-@pytest.mark.parametrize("shape", [TINY_DRAFT, TINY_MLA_DRAFT], ids=["llama", "mla"])
-def test_the_untrained_control_is_the_draft_as_the_trainer_starts_it(tmp_path, shape):
+@pytest.mark.parametrize(("shape", "scale"), [(TINY_DRAFT, 1.0), (TINY_MLA_DRAFT, 2.0**17)], ids=["llama", "mla-scaled-head"])
+def test_the_untrained_control_is_the_draft_as_the_trainer_starts_it(tmp_path, shape, scale):
     shape = dataclasses.replace(shape, target_hidden_size=shape.hidden_size)  # the target's width, as on Kimi
     torch.manual_seed(0)
     draft = Eagle3Draft(shape)
@@ -61,13 +61,14 @@ def test_the_untrained_control_is_the_draft_as_the_trainer_starts_it(tmp_path, s
     ids = torch.randint(0, shape.vocab_size, (400,))
     vocab = build_vocab_map(count_tokens([(ids, torch.ones_like(ids, dtype=torch.bool))], shape.vocab_size), shape.draft_vocab_size)
     export = export_draft(tmp_path / "trained", "sglang", draft, vocab, ExportSpec.of([1, 3, 4], norm_output=False, target_num_layers=8))
-    untrained = untrained_export(export, tmp_path / "untrained")
+    untrained = untrained_export(export, tmp_path / "untrained", lm_head_scale=scale)
     assert [p for p in verify_export(untrained, "sglang").problems if p.check != "target"] == []
     before, after = load_file(str(export / "model.safetensors")), load_file(str(untrained / "model.safetensors"))
     assert {k: (v.shape, v.dtype) for k, v in after.items()} == {k: (v.shape, v.dtype) for k, v in before.items()}
     assert torch.equal(after["d2t"], before["d2t"]) and torch.equal(after["t2d"], before["t2d"])
     head = dummy_head(shape.vocab_size, shape.hidden_size, "cpu")
-    assert torch.equal(after["lm_head.weight"], head[vocab.draft_to_target])
+    assert torch.equal(after["lm_head.weight"], dummy_head(shape.vocab_size, shape.hidden_size, "cpu", scale)[vocab.draft_to_target])
+    assert torch.equal(after["lm_head.weight"].float(), head[vocab.draft_to_target].float() * scale)  # a power of two: exact
     for name, t in after.items():
         if name in ("d2t", "t2d", "lm_head.weight"):
             continue
@@ -77,7 +78,7 @@ def test_the_untrained_control_is_the_draft_as_the_trainer_starts_it(tmp_path, s
             bound = 1 / math.sqrt(t.shape[1])
             assert t.abs().max() <= bound and t.std() > bound / 3, name  # nn.Linear's uniform draw
     reread, _, _ = load_export(untrained, embed_weight=head.float())
-    assert torch.equal(reread.lm_head.weight, head[vocab.draft_to_target].float())
+    assert torch.equal(reread.lm_head.weight, head[vocab.draft_to_target].float() * scale)
 
 
 def test_a_control_counts_only_when_it_fails_for_its_cause(export, tmp_path):
