@@ -96,12 +96,10 @@ def untrained_export(export: Path, out: Path, device: str = "cpu", lm_head_scale
     for name, t in tensors.items():
         if name in fresh:
             continue
-        if name.endswith(("lm_head.weight", "embed_tokens.weight")):
-            if name.endswith("lm_head.weight"):
-                head = dummy_head(t2d.numel(), t.shape[1], device, lm_head_scale)  # [V_t, H]
-                fresh[name] = head[d2t.long() + torch.arange(d2t.numel())]
-            else:
-                fresh[name] = dummy_head(t2d.numel(), t.shape[1], device)
+        if name.endswith("lm_head.weight"):  # [V_d, H]: the target head's [V_t, H] rows of the draft vocab
+            fresh[name] = dummy_head(t2d.numel(), t.shape[1], device, lm_head_scale)[d2t.long() + torch.arange(d2t.numel())]
+        elif name.endswith("embed_tokens.weight"):
+            fresh[name] = dummy_head(t2d.numel(), t.shape[1], device)
         elif t.dim() == 1:
             fresh[name] = torch.ones_like(t)
         else:
