@@ -214,6 +214,8 @@ def disk_report(out: Path, ranks: list[dict], watched: dict | None, tokens: int,
     rank_bytes = sum(r["io_end"]["write_bytes"] - r["io_start"]["write_bytes"] for r in ranks)
     processes = {}
     if watched is not None:
+        if any("ppid" not in p for p in watched["processes"].values()):
+            raise ValueError(f"{out / 'watch.json'}: no parent pids (an older watcher's): its writes cannot be counted once")
         own = own_write_bytes(watched["processes"])
         processes = {pid: {"cmd": p["cmd"], "write_bytes": own[pid]} for pid, p in watched["processes"].items()}
     written = sum(p["write_bytes"] for p in processes.values()) if processes else rank_bytes
