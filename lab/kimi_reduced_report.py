@@ -305,7 +305,7 @@ def report(out: Path, peak_flops: float = PEAK_FLOPS) -> dict:
         "aux_width": {
             "expected": plan["facts"]["aux_width"],
             "engine_log_lines": aux_lines[:4],
-            "how": "models/sglang_target.py check_aux_width raises on any batch whose SGLang output is not "
+            "how": "models/backends/sglang/target.py check_aux_width raises on any batch whose SGLang output is not "
             f"{num_aux} x {config.get('text_config', config)['hidden_size']} wide; "
             "the ring slots (trainer/stream/engine_process.py RingSpec) are that wide",
         },

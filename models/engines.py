@@ -5,9 +5,9 @@ device (``build(device)``). A factory must be picklable by reference to an impor
 class; the engine that ``build`` returns needs only ``features(TokenBatch) -> FeatureBatch``,
 its feature ``dtype`` and an ``info`` with ``hidden_size`` and ``aux_layer_ids``
 (``models.target.TargetInfo``): ``models.target.HFTargetEngine`` is one, and
-``models.sglang_target.SGLangTargetEngine`` (one tensor-parallel rank of an SGLang target) another;
-its factory, ``models.sglang_target.SGLangTarget``, lives beside it. ``models.feature_engines``
-names the factory of each engine a run can choose.
+``models.backends.sglang.target.SGLangTargetEngine`` (one tensor-parallel rank of an SGLang target) another;
+its factory, ``models.backends.sglang.target.SGLangTarget``, lives beside it. The ``features`` entries of
+``models.backends.BACKENDS`` name the factory of each engine a run can choose.
 
 Engines are imported inside ``build``: an engine process pays for transformers or SGLang only
 when it builds that kind of target.

@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     import torch
 
-    from models.sglang_preflight import read_target_shape
-    from models.sglang_target import SGLangTarget, served_width
+    from models.backends.sglang.preflight import read_target_shape
+    from models.backends.sglang.target import SGLangTarget, served_width
 
     trained = trained_width(args.export_dir)
     hidden = read_target_shape(args.target).hidden_size

@@ -107,7 +107,7 @@ def evaluate(
     """One engine with a ``k``-token chain; each prompt set decoded and tallied apart."""
     import sglang
 
-    from models.sglang_target import TOKEN_IDS_ENGINE
+    from models.backends.sglang.target import TOKEN_IDS_ENGINE
     from models.target import load_tokenizer
 
     tokenizer = load_tokenizer(target)

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from models.sglang_target import TOKEN_IDS_ENGINE
+from models.backends.sglang.target import TOKEN_IDS_ENGINE
 
 
 def engine_options(job: dict) -> dict:

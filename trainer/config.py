@@ -15,8 +15,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from models.backends import able
 from models.draft import LAYOUTS
-from models.feature_engines import FEATURE_ENGINES
 from serving.formats import DEFAULT_SPECULATIVE_TOKENS
 from serving.speedup import DEFAULT_CONCURRENCY, DEFAULT_SETTINGS, parse_setting
 from trainer.checkpoint import CHANGEABLE
@@ -186,7 +186,7 @@ class SGLangConfig:
 
 @dataclass
 class EngineConfig:
-    name: str = "hf"  # a name of models.feature_engines.FEATURE_ENGINES: hf (transformers) | sglang (engine.sglang; colocated)
+    name: str = "hf"  # a backend of models.backends.BACKENDS with features: hf (transformers) | sglang (engine.sglang; colocated)
     mode: str = "inprocess"  # where the target runs: a name of trainer.stream.feature_stream.MODES (docs/STREAM.md)
     slots: int = 3  # colocated: feature ring slots; the engine runs up to slots - 1 batches ahead
     slot_tokens: Optional[int] = None  # colocated: tokens (B x T) a slot holds; conf/engine sets ${data.max_tokens}
@@ -195,8 +195,9 @@ class EngineConfig:
     sglang: Optional[SGLangConfig] = None  # engine=sglang's settings (conf/engine/sglang.yaml)
 
     def __post_init__(self) -> None:
-        kind = FEATURE_ENGINES.get(self.name)
-        _require(kind is not None, "engine.name", f"unknown engine {self.name!r} (known: {', '.join(FEATURE_ENGINES)})")
+        engines = able("features")
+        kind = engines.get(self.name)
+        _require(kind is not None, "engine.name", f"unknown engine {self.name!r} (known: {', '.join(engines)})")
         _require(self.mode in MODES, "engine.mode", f"unknown mode {self.mode!r} (known: {', '.join(MODES)})")
         if self.name == "sglang":
             _require(
@@ -339,7 +340,7 @@ class Config:
     trainer: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
-        refusal = FEATURE_ENGINES[self.engine.name].no_float32
+        refusal = able("features")[self.engine.name].no_float32
         _require(
             refusal is None or self.target.dtype != "float32",
             "target.dtype",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from models.aux_ids import AuxLayerIds
-from models.sglang_preflight import SGLangSource, find_sglang_source, quantization_problem
+from models.backends.sglang.preflight import SGLangSource, find_sglang_source, quantization_problem
 from models.target import resolve_target_path
 from models.target_config import read_text_config
 from serving.formats import CONFIG_FILE, WEIGHTS_FILE, read_config_file

@@ -12,11 +12,11 @@ from typing import Callable, Sequence
 
 import torch
 
+from models.backends import able
+from models.backends.sglang.preflight import check_target, choose_attention_backend, tp_size_problem
+from models.backends.sglang.target import SGLangTarget
 from models.embedded import embedded_target_dir
 from models.engines import PathTarget, TargetFactory
-from models.feature_engines import FEATURE_ENGINES
-from models.sglang_preflight import check_target, choose_attention_backend, tp_size_problem
-from models.sglang_target import SGLangTarget
 from models.target import HFTargetEngine, load_tokenizer
 from models.target_head import TargetHead, checkpoint_bytes
 from trainer import console
@@ -130,7 +130,7 @@ def hf_factory(cfg: Config, ids: Sequence[int], dtype: torch.dtype, par: Paralle
 def sglang_factory(cfg: Config, ids: Sequence[int], dtype: torch.dtype, par: Parallel) -> SGLangTarget:
     """engine=sglang's target factory for this rank, after the preflight: it runs here, before any
     weight is loaded or any step is taken, and picks the attention backend this install can run
-    (models/sglang_preflight.py)."""
+    (models/backends/sglang/preflight.py)."""
     if par.device.type != "cuda":
         raise ValueError(f"config engine.name: sglang runs the target on CUDA GPUs; this trainer runs on {par.device}")
     tp, local = cfg.engine.sglang.tp_size, local_world_size(par)
@@ -149,17 +149,20 @@ def sglang_factory(cfg: Config, ids: Sequence[int], dtype: torch.dtype, par: Par
 
 
 FactoryMaker = Callable[[Config, Sequence[int], torch.dtype, Parallel], TargetFactory]
-MAKERS: dict[type, FactoryMaker] = {PathTarget: hf_factory, SGLangTarget: sglang_factory}  # the maker of each FEATURE_ENGINES factory class
+MAKERS: dict[type, FactoryMaker] = {
+    PathTarget: hf_factory,
+    SGLangTarget: sglang_factory,
+}  # the maker of each models.backends features factory
 
 
 def target_factory(cfg: Config, ids: Sequence[int], dtype: torch.dtype, par: Parallel) -> TargetFactory:
-    """The target factory an engine process builds the target from: the one ``engine.name``'s
-    entry of ``FEATURE_ENGINES`` names, made by its maker. In colocated mode a ring slot must hold
-    the largest batch (``data.max_tokens``): a batch that does not fit would stop the run when it comes."""
+    """The target factory an engine process builds the target from: the one that ``engine.name``'s
+    ``features`` entry in ``models.backends.BACKENDS`` names, made by its maker. In colocated mode a ring slot
+    must hold the largest batch (``data.max_tokens``): a batch that does not fit would stop the run when it comes."""
     slot, batch = cfg.engine.slot_tokens, cfg.data.max_tokens
     if cfg.engine.mode == "colocated" and slot is not None and slot < batch:
         raise ValueError(
             f"config engine.slot_tokens: a ring slot of {slot} tokens is smaller than a batch, up to data.max_tokens={batch}; "
             f"set engine.slot_tokens={batch} (its default, ${{data.max_tokens}}) or lower data.max_tokens"
         )
-    return MAKERS[FEATURE_ENGINES[cfg.engine.name].factory](cfg, ids, dtype, par)
+    return MAKERS[able("features")[cfg.engine.name].factory](cfg, ids, dtype, par)

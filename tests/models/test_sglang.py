@@ -18,12 +18,8 @@ from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig
 
 from models.aux_ids import AuxLayerIds
 from models.aux_support import dotted_name
-from models.batch import TokenBatch
-from models.draft import DraftShape
-from models.embedded import embedded_target_dir, plain_config
-from models.engines import PathTarget
-from models.feature_engines import FEATURE_ENGINES, FeatureEngineKind
-from models.sglang_preflight import (
+from models.backends import BACKENDS, Backend, Features, able
+from models.backends.sglang.preflight import (
     SOURCE_ENV,
     SGLangSource,
     attention_backends,
@@ -34,8 +30,12 @@ from models.sglang_preflight import (
     read_target_shape,
     tp_size_problem,
 )
-from models.sglang_preflight import main as preflight_main
-from models.sglang_target import SGLangTarget, check_aux_width, documents, import_sglang, prefill_buffer_tokens, rank_span, to_rows
+from models.backends.sglang.preflight import main as preflight_main
+from models.backends.sglang.target import SGLangTarget, check_aux_width, documents, import_sglang, prefill_buffer_tokens, rank_span, to_rows
+from models.batch import TokenBatch
+from models.draft import DraftShape
+from models.embedded import embedded_target_dir, plain_config
+from models.engines import PathTarget
 from models.target import TargetInfo
 from serving.formats import EXPORT_FORMATS, ExportSpec
 from tests.fixtures.sglang_tiny import is_layer, layer_errors, tiny_deepseek_v3_config
@@ -505,13 +505,13 @@ def test_bad_engine_values_name_the_key(overrides, key):
 
 
 def test_every_feature_engine_has_a_factory_maker_and_runs_in_known_modes():
-    assert all(kind.factory in MAKERS and kind.modes and set(kind.modes) <= set(MODES) for kind in FEATURE_ENGINES.values())
+    assert all(kind.factory in MAKERS and kind.modes and set(kind.modes) <= set(MODES) for kind in able("features").values())
 
 
 def test_the_config_reads_engine_names_and_modes_from_the_registry(monkeypatch):
     with pytest.raises(ValueError, match=r"config engine.name: unknown engine 'other' \(known: hf, sglang\)"):
         tiny_config("engine.name=other")
-    monkeypatch.setitem(FEATURE_ENGINES, "other", FeatureEngineKind(PathTarget, ("colocated",)))
+    monkeypatch.setitem(BACKENDS, "other", Backend(features=Features(PathTarget, ("colocated",))))
     with pytest.raises(ValueError, match="config engine.mode: engine other runs in mode colocated, not inprocess"):
         tiny_config("engine.name=other")
     assert tiny_config("engine.name=other", "engine.mode=colocated").engine.name == "other"
@@ -658,7 +658,7 @@ class OutOfMemoryTarget:
     ],
 )
 def test_an_engine_failure_names_its_cause_and_the_setting(traceback_tail, setting):
-    traceback = f'Traceback (most recent call last):\n  File "models/sglang_target.py", line 118, in start\n{traceback_tail}\n'
+    traceback = f'Traceback (most recent call last):\n  File "models/backends/sglang/target.py", line 118, in start\n{traceback_tail}\n'
     message = failure_message(traceback)
     assert setting in failure_cause(traceback)
     assert message.startswith(f"the engine process failed: {failure_cause(traceback)}") and traceback in message

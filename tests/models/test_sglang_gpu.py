@@ -12,8 +12,8 @@ sglang = pytest.importorskip("sglang")
 
 from transformers import DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
+from models.backends.sglang.target import SGLangTarget  # noqa: E402
 from models.batch import TokenBatch  # noqa: E402
-from models.sglang_target import SGLangTarget  # noqa: E402
 from models.target import HFTargetEngine  # noqa: E402
 from tests.fixtures.sglang_tiny import is_layer, layer_errors, tiny_deepseek_v3_config  # noqa: E402
 from trainer.dist import free_port  # noqa: E402

@@ -9,9 +9,9 @@ from safetensors.torch import load_file
 
 sglang = pytest.importorskip("sglang")
 
+from models.backends.sglang.preflight import choose_attention_backend  # noqa: E402
+from models.backends.sglang.target import SGLangTarget, _model_runner  # noqa: E402
 from models.draft import Eagle3Draft, draft_shape_for  # noqa: E402
-from models.sglang_preflight import choose_attention_backend  # noqa: E402
-from models.sglang_target import SGLangTarget, _model_runner  # noqa: E402
 from models.vocab_map import build_vocab_map, count_tokens  # noqa: E402
 from serving.export import export_draft  # noqa: E402
 from serving.formats import ExportSpec  # noqa: E402

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from models.sglang_preflight import SOURCE_ENV, SGLangSource, find_sglang_source, quantization_problem
+from models.backends.sglang.preflight import SOURCE_ENV, SGLangSource, find_sglang_source, quantization_problem
 from trainer.preflight import check_sglang_format, check_target_path
 
 

@@ -33,7 +33,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from models.sglang_target import TOKEN_IDS_ENGINE, import_sglang
+from models.backends.sglang.target import TOKEN_IDS_ENGINE, import_sglang
 from serving.prompts import stop_ids_of
 
 log = logging.getLogger(__name__)

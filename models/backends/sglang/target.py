@@ -13,7 +13,7 @@ state the trainer's target logits need is gone. Driving the ModelRunner, as SGLa
 ``bench_one_batch`` does, keeps every tensor on the GPU and gives both, for every token:
 
 * aux: ``set_eagle3_layers_to_capture(ids)``, the call SGLang's serving makes
-  (model_runner.py:1002-1011) with the ids the export writes (``models.sglang_preflight``),
+  (model_runner.py:1002-1011) with the ids the export writes (``models.backends.sglang.preflight``),
   and ``CaptureHiddenMode.FULL``: ``logits_output.hidden_states`` is then ``cat(aux, -1)``
   (logits_processor.py:595-600), the tensor SGLang's EAGLE-3 worker hands the draft's ``fc``;
 * final: the hidden-state argument of the logits processor, read by a forward pre-hook
@@ -35,8 +35,8 @@ import torch
 from torch import Tensor, nn
 
 from models.aux_ids import AuxLayerIds
+from models.backends.sglang.preflight import INSTALL_HINT, check_target, choose_attention_backend, read_target_shape
 from models.batch import FeatureBatch, TokenBatch
-from models.sglang_preflight import INSTALL_HINT, check_target, choose_attention_backend, read_target_shape
 from models.target import TargetInfo
 
 SGLANG_VERSION = "0.5.14"  # the ModelRunner / ScheduleBatch API this module drives
@@ -63,7 +63,7 @@ class SGLangTarget:
     tp_rank: int = 0
     dist_port: int = 29650  # the group's rendezvous port on 127.0.0.1
     mem_fraction_static: float = 0.5  # of the GPU memory free at start: weights + KV pool
-    attention_backend: str | None = None  # None: fa3 on Hopper where sgl_kernel carries it, else triton (models.sglang_preflight)
+    attention_backend: str | None = None  # None: fa3 on Hopper where sgl_kernel carries it, else triton (models.backends.sglang.preflight)
     load_format: str = "auto"  # auto | dummy (random weights, for benchmarks)
     max_total_tokens: int | None = None  # KV pool tokens; None: what mem_fraction_static leaves
     prefill_tokens: int | None = None  # the largest prefill (tp_size x slot tokens): SGLang's input buffers; None: its default

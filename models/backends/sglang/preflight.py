@@ -26,13 +26,13 @@ was left out.
 The ids we pass are ours unchanged (``AuxLayerIds.sglang_argument``) and the SGLang export writes the same
 list as ``eagle_aux_hidden_state_layer_ids`` (serving/formats.py), which SGLang's serving hands to
 the same method: one replay covers training and serving. With SGLang importable the engine checks
-the same things again on the live model (``models.sglang_target``).
+the same things again on the live model (``models.backends.sglang.target``).
 
 The source is the installed ``sglang`` package (found with ``importlib.util.find_spec``, not
 imported) or the dir ``$STREAMDRAFT_SGLANG_SRC`` names (an unpacked wheel's ``sglang/``)::
 
     pip download --no-deps sglang==0.5.14 -d /tmp/sgl && (cd /tmp/sgl && unzip -qo sglang-*.whl 'sglang/*')
-    STREAMDRAFT_SGLANG_SRC=/tmp/sgl/sglang python -m models.sglang_preflight /models/Kimi-K2.5
+    STREAMDRAFT_SGLANG_SRC=/tmp/sgl/sglang python -m models.backends.sglang.preflight /models/Kimi-K2.5
 """
 
 from __future__ import annotations
