@@ -54,10 +54,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 
 from models import hub  # noqa: E402
+from models.backends.hf.target import RandomTarget  # noqa: E402
 from models.backends.sglang.target import SGLangTarget  # noqa: E402
 from models.batch import FeatureBatch, TokenBatch  # noqa: E402
 from models.draft import DraftShape, Eagle3Draft, Pointwise, draft_shape_for  # noqa: E402
-from models.engines import RandomTarget, TargetFactory  # noqa: E402
+from models.engines import TargetFactory  # noqa: E402
 from trainer.config import ScheduleConfig  # noqa: E402
 from trainer.dist import free_port  # noqa: E402
 from trainer.flops import H200_BF16_PEAK_TFLOPS, flops_per_token  # noqa: E402

@@ -13,10 +13,11 @@ from typing import Callable, Sequence
 import torch
 
 from models.backends import able
+from models.backends.hf.target import PathTarget
 from models.backends.sglang.preflight import check_target, choose_attention_backend, tp_size_problem
 from models.backends.sglang.target import SGLangTarget
 from models.embedded import embedded_target_dir
-from models.engines import PathTarget, TargetFactory
+from models.engines import TargetFactory
 from models.target import HFTargetEngine, load_tokenizer
 from models.target_head import TargetHead, checkpoint_bytes
 from trainer import console

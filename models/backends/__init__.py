@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from models.backends.hf.target import PathTarget
 from models.backends.sglang.target import SGLangTarget
-from models.engines import PathTarget
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig
 from models.aux_ids import AuxLayerIds
 from models.aux_support import dotted_name
 from models.backends import BACKENDS, Backend, Features, able
+from models.backends.hf.target import PathTarget
 from models.backends.sglang.preflight import (
     SOURCE_ENV,
     SGLangSource,
@@ -35,7 +36,6 @@ from models.backends.sglang.target import SGLangTarget, check_aux_width, documen
 from models.batch import TokenBatch
 from models.draft import DraftShape
 from models.embedded import embedded_target_dir, plain_config
-from models.engines import PathTarget
 from models.target import TargetInfo
 from serving.formats import EXPORT_FORMATS, ExportSpec
 from tests.fixtures.sglang_tiny import is_layer, layer_errors, tiny_deepseek_v3_config

@@ -216,7 +216,7 @@ def test_the_eval_target_is_loaded_for_the_eval_only_and_freed(tmp_path, capsys)
 
 
 def test_the_engine_process_must_build_the_target_the_head_describes(tmp_path):
-    from models.engines import PathTarget
+    from models.backends.hf.target import PathTarget
     from trainer.stream.feature_stream import TargetSource
 
     saved_llama(tmp_path / "m")

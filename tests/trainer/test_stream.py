@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from models.backends.hf.target import PathTarget
 from models.batch import FeatureBatch, TokenBatch
-from models.engines import PathTarget
 from tests.fixtures.tiny import TINY_DRAFT
 from tests.fixtures.toy_target import VOCAB, ToyTarget, make_batches
 from trainer.data import EncodedSample, PackedBatcher

@@ -1,0 +1,4 @@
+"""Everything StreamDraft does with transformers as an outside engine.
+
+- ``target``: feature capture (``engine.name=hf``): the target factories an engine process builds ``models.target.HFTargetEngine`` from
+"""
