@@ -29,8 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 
 from models import hub  # noqa: E402
+from models.generation import GenerationSettings  # noqa: E402
 from trainer.data import read_source  # noqa: E402
-from trainer.datagen.gen_backend import GenerationSettings, GeneratorSettings, chat_ids, sglang_arg  # noqa: E402
+from trainer.datagen.gen_backend import GeneratorSettings, chat_ids, sglang_arg  # noqa: E402
 from trainer.datagen.replicas import fit_generator, open_generator  # noqa: E402
 from trainer.regenerate import prompt_conversations  # noqa: E402
 

@@ -38,9 +38,10 @@ import time
 from pathlib import Path
 
 from models import hub
+from models.generation import GenerationSettings
 from serving.usage import PlainHelp
 from trainer.corpora import leak_checked_files
-from trainer.datagen.gen_backend import GenerationSettings, GeneratorSettings, default_batch_size
+from trainer.datagen.gen_backend import GeneratorSettings, default_batch_size
 from trainer.datagen.replicas import fit_generator, open_generator
 from trainer.regenerate import generation_meta, prompt_conversations, regenerate, replicas_arg, unanswered
 

@@ -30,9 +30,10 @@ import torch
 from tqdm import tqdm
 
 from models import hub
+from models.generation import stop_ids_of
 from serving.export import load_export
 from serving.formats import DEFAULT_SPECULATIVE_TOKENS, read_export_config
-from serving.prompts import PromptSpec, ask, read_prompt_file, render, stop_ids_of
+from serving.prompts import PromptSpec, ask, read_prompt_file, render
 from serving.speculative.decode import Generation, speculative_generate, teacher_forced_hits
 from serving.speculative.draft_runner import DraftRunner
 from serving.speculative.target_runner import FEATURES, TargetRunner, greedy_generate

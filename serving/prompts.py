@@ -12,7 +12,7 @@ A ``messages`` record may add ``"follow_ups": ["later user turn", ...]``, asked 
 ``turns`` (a held-out conversation with a system message and several user turns).
 
 All are rendered with the target tokenizer's chat template and a generation prompt.
-A reply ends at one of ``stop_ids_of``: the generation config's eos ids and the tokenizer's
+A reply ends at one of ``models.generation.stop_ids_of``: the generation config's eos ids and the tokenizer's
 (the one stop rule of the serving eval and of regenerate / synthesize).
 """
 
@@ -141,14 +141,3 @@ def render(tokenizer, messages: list[Message]) -> list[int]:
         raise ValueError(f"tokenizer {type(tokenizer).__name__} has no chat template")
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def stop_ids_of(generation_config, tokenizer) -> list[int]:
-    """The ids that end a reply: the generation config's eos ids and the tokenizer's eos."""
-    ids = generation_config.eos_token_id if generation_config is not None else None
-    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-        ids.append(tokenizer.eos_token_id)
-    if not ids:
-        raise ValueError("the target names no end-of-sequence token: generation could not stop")
-    return ids

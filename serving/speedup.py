@@ -283,8 +283,9 @@ def summarise(data: dict, results_path: Path, export_dir: Path) -> str:
 
 def build_bench(args: argparse.Namespace) -> tuple[Bench, list[str], object]:
     """Every input checked before an engine starts: the settings, the export, the target, the prompts."""
+    from models.generation import stop_ids_of
     from serving.launch import check_draft_engine
-    from serving.prompts import read_prompt_file, render, stop_ids_of
+    from serving.prompts import read_prompt_file, render
     from serving.verify import format_report, verify_export
 
     settings = [parse_setting(s) for s in args.settings]

@@ -52,20 +52,11 @@ from typing import Sequence
 from tqdm import tqdm
 
 from models import hub
+from models.generation import DTYPES, GenerationSettings, Generator
 from serving.jsonl import json_lines
 from trainer.data.conversation import Conversation
 from trainer.data.sources import DATA_FORMATS, read_source
-from trainer.datagen.gen_backend import (
-    DTYPES,
-    GENERATORS,
-    Backend,
-    GenerationSettings,
-    GeneratorSettings,
-    default_batch_size,
-    generate_chats,
-    resolve_generator,
-    sglang_arg,
-)
+from trainer.datagen.gen_backend import GENERATORS, GeneratorSettings, default_batch_size, generate_chats, resolve_generator, sglang_arg
 from trainer.datagen.record_ids import done_ids, record_id
 from trainer.datagen.replicas import fit_generator, open_generator
 
@@ -125,7 +116,7 @@ def prompt_conversations(path: Path, sources: Sequence[str] | None = None) -> tu
 
 
 def regenerate_batch(
-    backend: Backend, convs: Sequence[Conversation], settings: GenerationSettings, seed: int, report: RegenReport
+    backend: Generator, convs: Sequence[Conversation], settings: GenerationSettings, seed: int, report: RegenReport
 ) -> list[tuple[Conversation, list[str]] | None]:
     """Every conversation with its assistant turns regenerated, turn by turn across the chunk
     (wave t generates the t-th assistant turn of every conversation that has one, in one call);
@@ -179,7 +170,7 @@ def unanswered(convs: Sequence[Conversation], output: Path, greedy: bool) -> int
 
 def regenerate(
     convs: Sequence[Conversation],
-    backend: Backend,
+    backend: Generator,
     output: Path,
     settings: GenerationSettings,
     meta: dict,
@@ -227,7 +218,7 @@ def regenerate(
     return report
 
 
-def generation_meta(backend: Backend, settings: GenerationSettings) -> dict:
+def generation_meta(backend: Generator, settings: GenerationSettings) -> dict:
     """What a record's ``generation`` says produced it (the batch size changes nothing but speed)."""
     return {"target": str(backend.path), "engine": backend.name, **{k: v for k, v in asdict(settings).items() if k != "batch_size"}}
 

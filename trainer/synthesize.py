@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Sequence
 
 from models import hub
+from models.generation import GenerationSettings
 from serving.usage import PlainHelp
 from trainer.config import DataConfig, DataSourceConfig
 from trainer.data import DATA_FORMATS, read_chatterbot, read_source
 from trainer.data_setup import Holdout, chatterbot_languages_of
-from trainer.datagen.gen_backend import GenerationSettings
 from trainer.datagen.record_ids import record_id
 from trainer.datagen.replicas import open_generator
 from trainer.datagen.synth.filters import FilterSettings

@@ -6,6 +6,9 @@ An entry says what its engine can do and points to the objects that do it:
   engine process builds the target from, the ``engine.mode`` values it runs in and whether it
   computes in float32. ``trainer.config`` checks ``engine.name``, ``engine.mode`` and the target's
   dtype against it; ``trainer.target_setup.MAKERS`` makes its factory from config.
+* ``generation``: answers and prompts written by the target (``--engine`` of ``trainer.regenerate`` and
+  ``trainer.synthesize``): the function that opens its generator (``models.generation.Generator``)
+  from a target path and the ``GeneratorSettings`` (``trainer.datagen.gen_backend``).
 
 ``able(capability)`` is the view every checker reads: the backends that can do it, by name.
 """
@@ -13,9 +16,14 @@ An entry says what its engine can do and points to the objects that do it:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
 
+from models.backends.hf.generate import open_hf_generator
 from models.backends.hf.target import PathTarget
+from models.backends.sglang.generate import open_sglang_generator
 from models.backends.sglang.target import SGLangTarget
+from models.generation import Generator, GeneratorOptions
 
 
 @dataclass(frozen=True)
@@ -28,12 +36,17 @@ class Features:
 @dataclass(frozen=True)
 class Backend:
     features: Features | None = None  # None: it hands out no features for training
+    generation: Callable[[Path, GeneratorOptions], Generator] | None = None  # opens its generator; None: it writes no data
 
 
 BACKENDS: dict[str, Backend] = {
-    "hf": Backend(features=Features(PathTarget, ("inprocess", "colocated"))),  # transformers
+    "hf": Backend(  # transformers
+        features=Features(PathTarget, ("inprocess", "colocated")),
+        generation=open_hf_generator,
+    ),
     "sglang": Backend(  # SGLang 0.5.14 (docs/SGLANG.md)
         features=Features(SGLangTarget, ("colocated",), no_float32="SGLang's CUDA RMSNorm, sgl_kernel, has no float32"),
+        generation=open_sglang_generator,
     ),
 }
 

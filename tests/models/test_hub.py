@@ -9,7 +9,14 @@ import huggingface_hub.constants
 from models import hub
 from tests.fixtures.tiny import ROOT
 
-LOADERS = ("models.target", "models.embedded", "trainer.datagen.gen_backend", "trainer.regenerate")
+LOADERS = (
+    "models.target",
+    "models.embedded",
+    "models.backends.hf.generate",
+    "models.backends.sglang.generate",
+    "trainer.datagen.gen_backend",
+    "trainer.regenerate",
+)
 
 
 def test_importing_the_target_and_generation_modules_leaves_the_environment_unchanged(tmp_path):

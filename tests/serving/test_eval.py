@@ -17,6 +17,7 @@ import torch
 from models.batch import TokenBatch
 from models.draft import Eagle3Draft, draft_shape_for
 from models.embedded import embedded_target_dir
+from models.generation import stop_ids_of
 from models.target import HFTargetEngine, load_tokenizer
 from models.vocab_map import build_vocab_map, count_tokens
 from serving.eval import EvalResult, Tally, evaluate_export, ratio_se
@@ -31,7 +32,6 @@ from serving.prompts import (
     prompts_from_conversations,
     read_prompt_file,
     render,
-    stop_ids_of,
     write_prompt_file,
 )
 from serving.speculative.decode import Generation, speculative_generate, teacher_forced_hits

@@ -8,6 +8,9 @@ import json
 import pytest
 import torch
 
+from models import generation
+from models.backends.hf import generate as HF
+from models.backends.sglang import generate as SG
 from tests.fixtures.tiny_generator import save_tiny_generator
 from trainer import regenerate as R
 from trainer.data import read_source
@@ -37,7 +40,7 @@ def tiny_target(tmp_path_factory):
     return save_tiny_generator(tmp_path_factory.mktemp("tiny_target"))
 
 
-def open_tiny(target, **kw) -> G.HFBackend:
+def open_tiny(target, **kw) -> HF.HFGenerator:
     return G.open_backend(G.GeneratorSettings(target=str(target), device="cpu", dtype="float32", **kw))
 
 
@@ -87,7 +90,7 @@ def test_static_cache_gives_the_dynamic_cache_greedy_tokens(tiny_target, generat
     assert [r.tokens for r in static.generate(prompts, SETTINGS, 0)] == want
     # one batch of 5 rows padded to 8 (a power of two, at most the batch size) with copies of its first; batches of 4 and 1
     for batch in (8, 4):
-        assert [r.tokens for r in static.generate(prompts, G.GenerationSettings(max_new_tokens=6, batch_size=batch), 0)] == want
+        assert [r.tokens for r in static.generate(prompts, generation.GenerationSettings(max_new_tokens=6, batch_size=batch), 0)] == want
     with pytest.raises(ValueError, match="--compile compiles the static-cache decode step"):
         G.GeneratorSettings(compile=True)
 
@@ -123,11 +126,11 @@ def test_regenerated_records_are_read_by_the_openai_source(generator, tmp_path):
 
 
 def test_a_model_that_stops_gives_stop_and_clean_text(tiny_target, tmp_path):
-    model, tokenizer = G.load_generator(tiny_target, torch.device("cpu"), torch.float32)
+    model, tokenizer = HF.load_generator(tiny_target, torch.device("cpu"), torch.float32)
     with torch.no_grad():  # every logit 0: greedy picks token 0, which the generation config names a stop token
         model.lm_head.weight.zero_()
     model.generation_config.eos_token_id = [0, 2]
-    backend = G.HFBackend(model, tokenizer, tiny_target)
+    backend = HF.HFGenerator(model, tokenizer, tiny_target)
     assert backend.stop_ids == [0, 2]
     out = tmp_path / "stop.jsonl"
     report = R.regenerate(CONVS[:2], backend, out, SETTINGS, {}, progress=False)
@@ -135,7 +138,7 @@ def test_a_model_that_stops_gives_stop_and_clean_text(tiny_target, tmp_path):
     # every answer is empty: both conversations are dropped and counted, none written
     assert (report.empty, report.written, report.turns, out.read_text()) == (2, 0, 2, "")
     assert "2 dropped for an empty answer" in report.line()
-    assert G.generate_chats(backend, [CONVS[0][:1]], SETTINGS, 0) == [G.Reply([], "", "stop")]
+    assert G.generate_chats(backend, [CONVS[0][:1]], SETTINGS, 0) == [generation.Reply([], "", "stop")]
 
 
 def test_a_turn_that_does_not_fit_the_context_is_refused_and_its_conversation_dropped(generator, tmp_path):
@@ -145,8 +148,8 @@ def test_a_turn_that_does_not_fit_the_context_is_refused_and_its_conversation_dr
     grows = [{"role": "user", "content": " ".join(["word"] * 900)}, {"role": "assistant", "content": ""}]
     grows += [{"role": "user", "content": "and more " * 80}, {"role": "assistant", "content": ""}]
     convs = [CONVS[0], [{"role": "user", "content": long_ask}, {"role": "assistant", "content": ""}], grows]
-    assert generator.context_len == 1024 == G.target_context(generator.path)  # what the SGLang backend reads
-    assert G.target_context(generator.path, [("context_length", 512), ("cuda_graph_max_bs", 8)]) == 512
+    assert generator.context_len == 1024 == SG.target_context(generator.path)  # what the SGLang backend reads
+    assert SG.target_context(generator.path, [("context_length", 512), ("cuda_graph_max_bs", 8)]) == 512
     log = CallLog(generator)
     out = tmp_path / "refused.jsonl"
     report = R.regenerate(convs, log, out, R.GenerationSettings(max_new_tokens=6, batch_size=8), {}, progress=False)
@@ -271,21 +274,21 @@ def sglang_result(output_ids, finish_reason):
 def test_sglang_results_become_replies(generator, caplog):
     tok = generator.tokenizer
     hello = tok("Hello there", add_special_tokens=False)["input_ids"]
-    stopped = G.sglang_reply(sglang_result(hello + [2], {"type": "stop", "matched": 2}), tok)
+    stopped = SG.sglang_reply(sglang_result(hello + [2], {"type": "stop", "matched": 2}), tok)
     assert (stopped.tokens, stopped.text, stopped.finish, stopped.new_tokens) == (hello, "Hello there", "stop", len(hello))
-    cut = G.sglang_reply(sglang_result(hello, {"type": "length", "length": len(hello)}), tok)
+    cut = SG.sglang_reply(sglang_result(hello, {"type": "length", "length": len(hello)}), tok)
     assert (cut.tokens, cut.finish) == (hello, "length")
-    empty = G.sglang_reply(sglang_result([2], {"type": "stop", "matched": 2}), tok)
+    empty = SG.sglang_reply(sglang_result([2], {"type": "stop", "matched": 2}), tok)
     assert (empty.tokens, empty.text, empty.finish) == ([], "", "stop")
     aborted = {"type": "abort", "message": "prompt too long", "status_code": 400, "err_type": None}
-    assert G.sglang_reply(sglang_result([], aborted), tok) == G.REFUSED
+    assert SG.sglang_reply(sglang_result([], aborted), tok) == generation.REFUSED
     assert "SGLang aborted a request (its conversation is dropped): prompt too long" in caplog.text
     with pytest.raises(RuntimeError, match="unknown"):
-        G.sglang_reply(sglang_result([], {"type": "unknown"}), tok)
+        SG.sglang_reply(sglang_result([], {"type": "unknown"}), tok)
 
 
 def test_sglang_requests_carry_the_settings():
-    params = G.sglang_sampling(R.GenerationSettings(max_new_tokens=7, temperature=0.7, top_p=0.9), [2, 0], 3)
+    params = SG.sglang_sampling(R.GenerationSettings(max_new_tokens=7, temperature=0.7, top_p=0.9), [2, 0], 3)
     assert params == [{"max_new_tokens": 7, "temperature": 0.7, "top_p": 0.9, "stop_token_ids": [2, 0]}] * 3
     assert params[0] is not params[1]
 
@@ -297,7 +300,7 @@ def test_engine_choice_and_batch_defaults_on_the_cpu():
         and G.default_batch_size("hf", "cuda") == 256
         and G.default_batch_size("sglang", "cuda") == 2048
     )
-    assert G.cut_at_stop([5, 6, 2, 9], [2]) == ([5, 6], "stop") and G.cut_at_stop([5, 6], [2]) == ([5, 6], "length")
+    assert generation.cut_at_stop([5, 6, 2, 9], [2]) == ([5, 6], "stop") and generation.cut_at_stop([5, 6], [2]) == ([5, 6], "length")
     with pytest.raises(ValueError, match="--engine must be one of"):
         G.GeneratorSettings(name="vllm")
     with pytest.raises(ValueError, match="options of --engine hf"):
@@ -327,6 +330,6 @@ def test_sglang_args_are_typed_checked_and_reach_the_settings():
     args = R._parser().parse_args(["--output", "o.jsonl", "--engine", "sglang", "--sglang-arg", "max_running_requests=4096"])
     assert R.generator_of(args).sglang_args == (("max_running_requests", 4096),)
     known = ["cuda_graph_max_bs_decode", "cuda_graph_max_bs_prefill", "max_running_requests"]
-    G.check_sglang_args((("max_running_requests", 1),), known, "0.5.14")
+    SG.check_sglang_args((("max_running_requests", 1),), known, "0.5.14")
     with pytest.raises(ValueError, match=r"cuda_graph_max_bs: not a field of SGLang 0.5.14's ServerArgs \(close: cuda_graph_max_bs_"):
-        G.check_sglang_args((("cuda_graph_max_bs", 512),), known, "0.5.14")
+        SG.check_sglang_args((("cuda_graph_max_bs", 512),), known, "0.5.14")

@@ -13,6 +13,7 @@ pytest.importorskip("sglang")
 
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
+from models import generation  # noqa: E402
 from models.target import load_tokenizer  # noqa: E402
 from trainer import regenerate as R  # noqa: E402
 from trainer.datagen import gen_backend as G  # noqa: E402
@@ -26,7 +27,7 @@ CHATS = [
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
     [{"role": "user", "content": "Name a colour."}],
 ]
-SETTINGS = G.GenerationSettings(max_new_tokens=16, batch_size=4)
+SETTINGS = generation.GenerationSettings(max_new_tokens=16, batch_size=4)
 MARGIN = 0.5  # logits: float32 argmax vs a bfloat16 engine's pick
 
 
@@ -111,14 +112,14 @@ def test_sglang_regenerates_resumably(sglang_backend, tmp_path):
     convs = [[*c, {"role": "assistant", "content": "old"}] for c in CHATS]
     convs[1] += [{"role": "user", "content": "And then?"}, {"role": "assistant", "content": "old"}]
     out = tmp_path / "regen.jsonl"
-    settings = G.GenerationSettings(max_new_tokens=8, batch_size=3)
+    settings = generation.GenerationSettings(max_new_tokens=8, batch_size=3)
     first = R.regenerate(convs[:2], sglang_backend, out, settings, R.generation_meta(sglang_backend, settings), progress=False)
     assert (first.written, first.turns) == (2, 3)
     rest = R.regenerate(convs, sglang_backend, out, settings, R.generation_meta(sglang_backend, settings), progress=False)
     assert (rest.skipped_done, rest.written) == (2, 2)
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted(r["id"] for r in records) == sorted(record_id(c) for c in convs)
-    assert all(r["generation"]["engine"] == "sglang" and set(r["generation"]["finish"]) <= set(G.FINISHES) for r in records)
+    assert all(r["generation"]["engine"] == "sglang" and set(r["generation"]["finish"]) <= set(generation.FINISHES) for r in records)
 
 
 def test_two_sglang_replicas_give_one_engines_replies(target, reference, sglang_backend):

@@ -8,13 +8,14 @@ import signal
 
 import pytest
 
+from models import generation
 from tests.fixtures.tiny_generator import save_tiny_generator
 from tests.trainer.test_data_regenerate import CONVS, first_prompts, open_tiny
 from trainer import regenerate as R
 from trainer.datagen import gen_backend as G
 from trainer.datagen.replicas import ReplicatedBackend, kv_bytes_per_token, open_generator, replica_settings
 
-SETTINGS = G.GenerationSettings(max_new_tokens=5, batch_size=2)
+SETTINGS = generation.GenerationSettings(max_new_tokens=5, batch_size=2)
 
 
 @pytest.fixture(scope="module")

@@ -29,16 +29,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from trainer.datagen.gen_backend import (
-    Backend,
-    GenerationSettings,
-    GeneratorSettings,
-    Reply,
-    open_backend,
-    resolve_generator,
-    target_context,
-    target_path,
-)
+from models.backends.sglang.generate import target_context
+from models.generation import GenerationSettings, Generator, Reply
+from trainer.datagen.gen_backend import GeneratorSettings, open_backend, resolve_generator, target_path
 from trainer.datagen.gen_memory import GenTarget, plan_generation
 
 STOP = None  # the message that ends a worker
@@ -106,7 +99,7 @@ def _serve(conn, settings: GeneratorSettings, threads: int) -> None:
 
 
 class ReplicatedBackend:
-    """``settings.replicas`` backends in worker processes behind the one Backend interface."""
+    """``settings.replicas`` backends in worker processes behind the one Generator interface."""
 
     def __init__(self, settings: GeneratorSettings):
         from models.target import load_tokenizer
@@ -192,7 +185,7 @@ class ReplicatedBackend:
         self.procs, self.conns = [], []
 
 
-def open_generator(settings: GeneratorSettings) -> Backend:
+def open_generator(settings: GeneratorSettings) -> Generator:
     """The backend ``settings`` (sized by ``fit_generator``) names: one engine in this process, or
     ``settings.replicas`` engines in worker processes."""
     if settings.replicas is None:

@@ -23,8 +23,9 @@ from typing import Sequence
 
 from tqdm import tqdm
 
+from models.generation import GenerationSettings, Generator
 from trainer.data.dedup import NearDupIndex
-from trainer.datagen.gen_backend import Backend, GenerationSettings, generate_chats
+from trainer.datagen.gen_backend import generate_chats
 from trainer.datagen.record_ids import done_ids
 from trainer.datagen.synth.filters import STAGES, FilterSettings, clean, echoes, rejection
 from trainer.datagen.synth.instructions import Job, Planner, follow_up_request, job_id
@@ -109,7 +110,9 @@ def _append(path: Path, records: Sequence[dict]) -> None:
 class Synthesizer:
     """Owns the generation backend, the plan, the near-duplicate index and the output files."""
 
-    def __init__(self, backend: Backend, planner: Planner, settings: SynthSettings, source_prompts: Sequence[tuple[str, str]], meta: dict):
+    def __init__(
+        self, backend: Generator, planner: Planner, settings: SynthSettings, source_prompts: Sequence[tuple[str, str]], meta: dict
+    ):
         self.backend, self.planner, self.settings, self.meta = backend, planner, settings, meta
         self.index = NearDupIndex()
         for key, text in source_prompts:  # every user turn of the source, training and held-out side
