@@ -7,7 +7,7 @@ its feature ``dtype`` and an ``info`` with ``hidden_size`` and ``aux_layer_ids``
 (``models.target.TargetInfo``): ``models.target.HFTargetEngine`` is one (its factories, ``PathTarget`` and
 ``RandomTarget``, are in ``models.backends.hf.target``), and ``models.backends.sglang.target.SGLangTargetEngine``
 (one tensor-parallel rank of an SGLang target) another, its factory ``SGLangTarget`` beside it. The ``features``
-entries of ``models.backends.BACKENDS`` name the factory of each engine a run can choose.
+entries of ``models.backends.registry.BACKENDS`` name the factory of each engine a run can choose.
 
 Engines are imported inside ``build``: an engine process pays for transformers or SGLang only
 when it builds that kind of target.

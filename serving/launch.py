@@ -36,11 +36,11 @@ import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from models.backends.registry import able
 from serving.formats import DEFAULT_SPECULATIVE_TOKENS
 from serving.speedup_report import serving_choice
 
-SERVERS = ("sglang", "vllm")
-READY_PATHS = {"sglang": "/health_generate", "vllm": "/health"}
+SERVERS = tuple(able("serving"))  # the backends that serve an export (--engine)
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ def server_command(s: ServerSpec) -> list[str]:
 
 
 def ready_url(s: ServerSpec) -> str:
-    return s.base_url + READY_PATHS[s.engine]
+    return s.base_url + able("serving")[s.engine].ready_path
 
 
 def check_draft_engine(draft: str | Path, engine: str) -> None:

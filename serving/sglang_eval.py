@@ -2,7 +2,8 @@
 draft gets in SGLang's own EAGLE-3 speculative decoding (the number a server delivers).
 
 SGLang 0.5.14's offline ``sglang.Engine`` serves the target with the export as its EAGLE-3 draft
-(a chain: ``speculative_eagle_topk=1``, ``k`` draft tokens per verify step), decodes every prompt
+(a chain: ``speculative_eagle_topk=1``, ``k`` draft tokens per verify step;
+``models/backends/sglang/spec_decode.py``), decodes every prompt
 greedily, and reports per request ``spec_verify_ct`` (verify steps), ``completion_tokens`` and
 ``spec_correct_drafts_histogram`` (verify steps that accepted 0, 1, ... k draft tokens). From
 them, over all prompts:
@@ -25,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from models import hub
+from models.backends.sglang.spec_decode import chain_engine, tally
 from serving.eval import ratio_se
 from serving.prompts import Message, PromptSpec, read_prompt_file, render
 from serving.usage import PlainHelp
@@ -48,23 +50,6 @@ class SpecResult:
             f"({self.verify_steps} verify steps, {self.new_tokens} tokens, "
             f"{self.turns} turns, {self.wall_s:.1f} s); accept rate per position {rates}"
         )
-
-
-def tally(metas: list[dict], k: int) -> tuple[list[tuple[int, int]], list[int]]:
-    """Per request (completion tokens, verify steps), and the histogram of accepted drafts [k + 1]
-    summed over requests. A request that ended on its first token (the prefill's) had no verify
-    step, and SGLang reports no speculative fields for it: it counts (1, 0)."""
-    units, hist = [], [0] * (k + 1)
-    for meta in metas:
-        if "spec_verify_ct" not in meta:
-            if meta["completion_tokens"] > 1:
-                raise ValueError(f"SGLang reported no speculative decoding for a request (meta_info keys: {sorted(meta)})")
-            units.append((meta["completion_tokens"], 0))
-            continue
-        units.append((meta["completion_tokens"], meta["spec_verify_ct"]))
-        for accepted, count in enumerate(meta.get("spec_correct_drafts_histogram") or []):
-            hist[accepted] += count
-    return units, hist
 
 
 def result_of(metas: list[dict], k: int, turns: int, wall: float) -> SpecResult:
@@ -105,30 +90,12 @@ def evaluate(
     load_format: str = "auto",
 ) -> dict[str, SpecResult]:
     """One engine with a ``k``-token chain; each prompt set decoded and tallied apart."""
-    import sglang
-
-    from models.backends.sglang.target import TOKEN_IDS_ENGINE
     from models.target import load_tokenizer
 
     tokenizer = load_tokenizer(target)
     # SGLang stops on the eos ids of config.json and generation_config.json; the tokenizer's eos is added
     stop = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    engine = sglang.Engine(
-        model_path=str(target),
-        speculative_algorithm="EAGLE3",
-        speculative_draft_model_path=str(export_dir),
-        speculative_num_steps=k,
-        speculative_eagle_topk=1,
-        speculative_num_draft_tokens=k + 1,
-        attention_backend=backend,
-        sampling_backend="pytorch",
-        disable_cuda_graph=True,
-        mem_fraction_static=mem,
-        load_format=load_format,
-        random_seed=0,
-        log_level="error",
-        **TOKEN_IDS_ENGINE,
-    )
+    engine = chain_engine(export_dir, target, k, backend, mem, load_format)
     sampling = {"max_new_tokens": max_new_tokens, "temperature": 0.0, "stop_token_ids": stop}
     results = {}
     try:

@@ -1,7 +1,7 @@
 """``python -m serving.speedup EXPORT_DIR --prompts FILE...``: how much faster SGLang answers with the
 exported draft, in wall-clock time, against the same engine serving the target alone.
 
-Each setting is one SGLang 0.5.14 offline engine with CUDA graphs on (``serving/speedup_engine.py``,
+Each setting is one SGLang 0.5.14 offline engine with CUDA graphs on (``models/backends/sglang/speedup_engine.py``,
 in a process of its own): first the target alone, then the EAGLE-3 draft at each (steps, topk,
 draft tokens) of ``--settings`` — chains (topk 1, steps + 1 tokens) and trees. Every engine decodes
 the same prompts greedily at each ``--concurrency`` (at most that many requests in flight), and
@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models import hub
+from models.backends.registry import BACKENDS
 from serving.speedup_report import (
     PLAIN,
     SERVING_FILE,
@@ -157,12 +158,12 @@ class Bench:
 
 
 def run_engine(job: dict, log_path: Path, timeout_s: float, name: str) -> dict:
-    """One engine in its own process (``serving.speedup_engine``); its result, or SettingFailed."""
+    """One engine in its own process (the sglang backend's ``speedup_engine``); its result, or SettingFailed."""
     with tempfile.TemporaryDirectory(prefix="speedup-") as tmp:
         job_path, out = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps(job))
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "serving.speedup_engine", str(job_path), str(out)]
+        command = [sys.executable, "-m", BACKENDS["sglang"].serving.speedup_engine, str(job_path), str(out)]
         with open(log_path, "wb") as log:  # its own process group: SGLang's scheduler and detokenizer go with it
             proc = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
             try:

@@ -15,7 +15,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from models.backends import able
+from models.backends.registry import able
 from models.draft import LAYOUTS
 from serving.formats import DEFAULT_SPECULATIVE_TOKENS
 from serving.speedup import DEFAULT_CONCURRENCY, DEFAULT_SETTINGS, parse_setting
@@ -186,7 +186,7 @@ class SGLangConfig:
 
 @dataclass
 class EngineConfig:
-    name: str = "hf"  # a backend of models.backends.BACKENDS with features: hf (transformers) | sglang (engine.sglang; colocated)
+    name: str = "hf"  # a backend of models.backends.registry.BACKENDS with features: hf (transformers) | sglang (engine.sglang; colocated)
     mode: str = "inprocess"  # where the target runs: a name of trainer.stream.feature_stream.MODES (docs/STREAM.md)
     slots: int = 3  # colocated: feature ring slots; the engine runs up to slots - 1 batches ahead
     slot_tokens: Optional[int] = None  # colocated: tokens (B x T) a slot holds; conf/engine sets ${data.max_tokens}

@@ -12,8 +12,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from models.backends import able
 from models.backends.hf.target import PathTarget
+from models.backends.registry import able
 from models.backends.sglang.preflight import check_target, choose_attention_backend, tp_size_problem
 from models.backends.sglang.target import SGLangTarget
 from models.embedded import embedded_target_dir
@@ -158,7 +158,7 @@ MAKERS: dict[type, FactoryMaker] = {
 
 def target_factory(cfg: Config, ids: Sequence[int], dtype: torch.dtype, par: Parallel) -> TargetFactory:
     """The target factory an engine process builds the target from: the one that ``engine.name``'s
-    ``features`` entry in ``models.backends.BACKENDS`` names, made by its maker. In colocated mode a ring slot
+    ``features`` entry in ``models.backends.registry.BACKENDS`` names, made by its maker. In colocated mode a ring slot
     must hold the largest batch (``data.max_tokens``): a batch that does not fit would stop the run when it comes."""
     slot, batch = cfg.engine.slot_tokens, cfg.data.max_tokens
     if cfg.engine.mode == "colocated" and slot is not None and slot < batch:

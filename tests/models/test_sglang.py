@@ -18,8 +18,8 @@ from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig
 
 from models.aux_ids import AuxLayerIds
 from models.aux_support import dotted_name
-from models.backends import BACKENDS, Backend, Features, able
 from models.backends.hf.target import PathTarget
+from models.backends.registry import BACKENDS, Backend, Features, able
 from models.backends.sglang.preflight import (
     SOURCE_ENV,
     SGLangSource,

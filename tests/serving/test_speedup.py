@@ -345,7 +345,7 @@ def test_a_draft_slower_than_the_target_alone_is_said_so(tmp_path, capsys):
 
 
 def test_the_engine_options_of_a_job():
-    from serving.speedup_engine import engine_options, request_record
+    from models.backends.sglang.speedup_engine import engine_options, request_record
 
     job = {"target": "/t", "draft": None, "setting": None, "engine": {"attention_backend": "triton", "max_running_requests": 64}}
     assert _bench(Path("/nonexistent")).job(PLAIN)["top_logprobs"] == 5 and _bench(Path("/none")).job("6/1/7")["top_logprobs"] == 0
@@ -380,7 +380,7 @@ def test_the_top_logprob_pass_keeps_token_and_logprob_pairs():
     """SGLang's ``output_top_logprobs``: per position (logprob, token id, text) triples, or None."""
     import asyncio
 
-    from serving.speedup_engine import top_logprob_pass
+    from models.backends.sglang.speedup_engine import top_logprob_pass
 
     class Engine:
         async def async_generate(self, input_ids, sampling_params, return_logprob, top_logprobs_num):
@@ -426,7 +426,7 @@ def test_a_second_export_takes_the_target_alone_from_the_first_ones_results(tmp_
 
 
 def test_a_level_decoded_several_times_reports_its_median_repeat_and_every_wall_time(tmp_path):
-    from serving.speedup_engine import median_repeat
+    from models.backends.sglang.speedup_engine import median_repeat
 
     runs = [{"wall_s": w, "requests": [{"latency_s": w, "tokens": 10, "verify_ct": None, "histogram": None}]} for w in (7.5, 4.9, 5.1)]
     picked = median_repeat(runs)

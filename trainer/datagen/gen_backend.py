@@ -1,7 +1,7 @@
 """The generators of ``trainer.regenerate`` and ``trainer.synthesize``, chosen by ``--engine`` and its
 options (``GeneratorSettings``): token-id prompts in, one reply per prompt out.
 
-Every backend of ``models.backends.BACKENDS`` with ``generation`` is one (``hf``: transformers
+Every backend of ``models.backends.registry.BACKENDS`` with ``generation`` is one (``hf``: transformers
 ``generate``, ``models/backends/hf/generate.py``; ``sglang``: SGLang's offline engine,
 ``models/backends/sglang/generate.py``), and ``auto`` is ``sglang`` when it is importable and a GPU is
 present, else ``hf``. They take prompts as token ids, the chat template applied by our tokenizer
@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from models.backends import able
+from models.backends.registry import able
 from models.backends.sglang.generate import SGLANG_SET
 from models.generation import DTYPES, REFUSED, GenerationSettings, Generator, Reply, generation_device
 

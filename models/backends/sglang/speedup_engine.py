@@ -1,4 +1,4 @@
-"""One engine of ``serving.speedup``: ``python -m serving.speedup_engine JOB.json RESULT.json``.
+"""One engine of ``serving.speedup``: ``python -m models.backends.sglang.speedup_engine JOB.json RESULT.json``.
 
 Starts one SGLang 0.5.14 offline ``sglang.Engine`` with CUDA graphs on (the target alone, or the
 target with an EAGLE-3 draft at one setting), times the start, warms it up, then decodes each
@@ -135,7 +135,7 @@ def measure(job: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m serving.speedup_engine JOB.json RESULT.json", file=sys.stderr)
+        print("usage: python -m models.backends.sglang.speedup_engine JOB.json RESULT.json", file=sys.stderr)
         return 2
     job, out = json.loads(Path(args[0]).read_text()), Path(args[1])
     result = measure(job)
