@@ -145,10 +145,17 @@ def test_an_engine_killed_or_stopped_mid_run_stops_it_keeps_every_step_and_the_r
     sig, unbroken, engines, monkeypatch, capsys, tmp_path
 ):
     """SIGKILL: noticed at the trainer's next wait. SIGSTOP: the batches made before it are trained, then the
-    wait times out (engine.wait_timeout_s; 60 s: this shared CPU's slowest batch takes ~15 s). Either way the
+    wait times out (engine.wait_timeout_s: 60 s while the engine runs, as a shared CPU's slowest batch takes ~15 s;
+    once the kernel reports it stopped no answer can come, so the test shortens the wait to 2 s). Either way the
     steps trained are saved, exit code 1 with the cause and the resume command, no engine left."""
     wait = ["engine.wait_timeout_s=60"] if sig == signal.SIGSTOP else []
-    at_step(monkeypatch, 2, signal_engine(engines, sig, "Z" if sig == signal.SIGKILL else "T"))
+    fault = signal_engine(engines, sig, "Z" if sig == signal.SIGKILL else "T")
+
+    def stop_then_shorten_the_wait():
+        fault()
+        engines[-1].wait_timeout_s = 2.0
+
+    at_step(monkeypatch, 2, fault if sig == signal.SIGKILL else stop_then_shorten_the_wait)
     with pytest.raises(SystemExit) as stopped:
         run(tiny_config(*RUN, *wait), tmp_path)
     pid, err = engines[-1].pid, capsys.readouterr().err
@@ -156,7 +163,7 @@ def test_an_engine_killed_or_stopped_mid_run_stops_it_keeps_every_step_and_the_r
     if sig == signal.SIGKILL:
         assert f"the engine process {pid} (PathTarget on cpu) was killed by signal 9 (SIGKILL) without reporting an error" in err
     else:
-        assert f"the engine process {pid} (PathTarget on cpu) gave no answer within 60 s (engine.wait_timeout_s)" in err
+        assert f"the engine process {pid} (PathTarget on cpu) gave no answer within 2 s (engine.wait_timeout_s)" in err
         assert "the kernel said it was stopped by a signal (SIGSTOP, SIGTSTP); the trainer killed it" in err
     assert "stopped by the engine failure during the training: skipped the rest of the training; end-of-run held-out eval" in err
     trained = max(F.logged_losses(tmp_path))
