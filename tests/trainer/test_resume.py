@@ -58,22 +58,37 @@ def _losses(run_dir) -> dict[int, float]:
     return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
 
 
-def test_resume_continues_bitwise(build, tmp_path):
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """A 4-step run with checkpoints at steps 2 and 4, and its final draft weights: the reference run
+    the resume tests copy from instead of each training its own."""
+    run_dir = tmp_path_factory.mktemp("straight")
+    trainer = Trainer(tiny_config(*STEPS), run_dir)
+    trainer.fit()
+    weights = _weights(trainer)
+    trainer.close()
+    return run_dir, weights
+
+
+def _copy_checkpoint(run_dir, step, to):
+    (to / "checkpoints").mkdir(parents=True)
+    shutil.copytree(run_dir / "checkpoints" / f"step_{step}", to / "checkpoints" / f"step_{step}")
+
+
+def test_resume_continues_bitwise(build, straight, tmp_path):
     """4 steps straight == 2 steps, resume from the step-2 checkpoint, 2 more (fp32, CPU)."""
-    straight = build(tiny_config(*STEPS), tmp_path / "a")
-    straight.fit()
-    state = torch.load(tmp_path / "a" / "checkpoints" / "step_2" / ckpt.STATE_TAG / "mp_rank_00_model_states.pt", weights_only=False)
+    a, weights = straight
+    state = torch.load(a / "checkpoints" / "step_2" / ckpt.STATE_TAG / "mp_rank_00_model_states.pt", weights_only=False)
     assert not [k for k in state["module"] if "embed_tokens" in k]  # the target's frozen embedding is rebuilt, not saved
-    (tmp_path / "b" / "checkpoints").mkdir(parents=True)
-    shutil.copytree(tmp_path / "a" / "checkpoints" / "step_2", tmp_path / "b" / "checkpoints" / "step_2")
-    resumed = build(tiny_config(*STEPS, "trainer.resume=auto"), tmp_path / "b")
+    _copy_checkpoint(a, 2, tmp_path)
+    resumed = build(tiny_config(*STEPS, "trainer.resume=auto"), tmp_path)
     assert resumed.state.step == 2 and resumed.state.pos.epoch == 0 and resumed.state.pos.micro == 2
     summary = resumed.fit()
     assert summary["resumed_from"].endswith("step_2") and summary["steps"] == 4
-    a, b = _weights(straight), _weights(resumed)
-    assert all(torch.equal(a[k], b[k]) for k in a), "resumed weights differ from the straight run"
-    assert _losses(tmp_path / "a")[3] == _losses(tmp_path / "b")[3]
-    assert _losses(tmp_path / "a")[4] == _losses(tmp_path / "b")[4]
+    b = _weights(resumed)
+    assert all(torch.equal(weights[k], b[k]) for k in weights), "resumed weights differ from the straight run"
+    assert _losses(a)[3] == _losses(tmp_path)[3]
+    assert _losses(a)[4] == _losses(tmp_path)[4]
 
 
 def test_the_time_budget_counts_over_a_resume_and_drives_the_decay(build, tmp_path):
@@ -128,8 +143,8 @@ def test_a_checkpoint_at_a_time_mark_is_kept_and_a_shorter_budgets_decay_resumes
     assert build(tiny_config(*branch), tmp_path / "trunk").checkpointer.wandb_id == "trunk-run"
 
 
-def test_resume_refuses_a_different_run_and_allows_a_deliberate_change(build, tmp_path):
-    build(tiny_config("trainer.max_steps=2"), tmp_path).fit()
+def test_resume_refuses_a_different_run_and_allows_a_deliberate_change(build, straight, tmp_path):
+    _copy_checkpoint(straight[0], 2, tmp_path)
     # a draft vocab of another size (a recipe left off on resume) is refused before any tensor is built
     with pytest.raises(
         ValueError,
@@ -138,13 +153,13 @@ def test_resume_refuses_a_different_run_and_allows_a_deliberate_change(build, tm
             r"  vocab_map: '\w+' in the checkpoint, '\w+' now\n\("
         ),
     ):
-        build(tiny_config("trainer.max_steps=2", "trainer.resume=auto", "draft.draft_vocab_size=512"), tmp_path)
+        build(tiny_config("trainer.max_steps=4", "trainer.resume=auto", "draft.draft_vocab_size=512"), tmp_path)
     with pytest.raises(ValueError, match=r"differs from this run:\n  draft.ttt_steps: 3 in the checkpoint, 2 now\n\("):
-        build(tiny_config("trainer.max_steps=2", "trainer.resume=auto", "draft.ttt_steps=2"), tmp_path)
+        build(tiny_config("trainer.max_steps=4", "trainer.resume=auto", "draft.ttt_steps=2"), tmp_path)
     with pytest.raises(ValueError, match=r"data.max_conversations: 48 in the checkpoint, 40 now"):
-        build(tiny_config("trainer.max_steps=2", "trainer.resume=auto", "data.max_conversations=40"), tmp_path)
+        build(tiny_config("trainer.max_steps=4", "trainer.resume=auto", "data.max_conversations=40"), tmp_path)
     with pytest.raises(ValueError, match=r"schedule.name: 'cosine' in the checkpoint, 'constant' now"):
-        build(tiny_config("trainer.max_steps=2", "trainer.resume=auto", "schedule=constant"), tmp_path)
+        build(tiny_config("trainer.max_steps=4", "trainer.resume=auto", "schedule=constant"), tmp_path)
     # switching a cosine run to grokking mode on purpose (the seed team's plan)
     grok = build(
         tiny_config("trainer.max_steps=3", "trainer.resume=auto", "schedule=constant", "trainer.resume_allow=[schedule]"), tmp_path
@@ -193,10 +208,10 @@ def _wandb_ids(run_dir) -> list[str]:
     return sorted(p.name.rsplit("-", 1)[1] for p in (run_dir / "wandb").glob("offline-run-*"))
 
 
-def test_a_resume_after_a_kill_continues_the_history(build, tmp_path):
+def test_a_resume_after_a_kill_continues_the_history(build, straight, tmp_path):
     """A process killed after step 4 was logged but before it was saved: the resume from step 2
     continues the same wandb run, and metrics.jsonl holds every step once."""
-    build(tiny_config(*STEPS), tmp_path).fit()
+    shutil.copytree(straight[0], tmp_path, dirs_exist_ok=True)
     shutil.rmtree(tmp_path / "checkpoints" / "step_4")
     with (tmp_path / "metrics.jsonl").open("a") as f:
         f.write('{"step": 5, "train/lo')  # torn by the kill
