@@ -13,6 +13,7 @@
 #   .whl/                     setup-deps: deepspeed (built), hydra, omegaconf, wandb and what the GPU image lacks of theirs
 #   .payload_gguf{1,2,3}/     the embedded target's GGUF in three parts (setup-deps / cp / setup-gguf)
 #   .payload_corpora/         python -m trainer.corpora prepare's output (the recipe's prompts and held-out files)
+#   .payload_tok/             the embedded target's tokenizer files: TOKENIZER= of the Kimi-shaped runs, which need no GGUF
 set -euo pipefail
 [ -d "${1:-}" ] || { echo "usage: lab/device_payloads.sh SGLANG_WHEELS_DIR [LIMIT_MIB]" >&2; exit 2; }
 LIMIT_MIB=${2:-64}
@@ -37,14 +38,18 @@ rm -rf .payload_gguf1 .payload_gguf2 .payload_gguf3 && mkdir -p .payload_gguf1 .
 split -n 3 -d "$gguf" .payload_gguf1/part  # part00 part01 part02: setup-gguf joins them in name order
 mv .payload_gguf1/part01 .payload_gguf2/ && mv .payload_gguf1/part02 .payload_gguf3/
 
+tok=$($PY -c "from models.embedded import embedded_target_dir; print(embedded_target_dir())")
+rm -rf .payload_tok && mkdir -p .payload_tok
+cp "$tok"/{tokenizer.json,tokenizer_config.json,chat_template.jinja,config.json} .payload_tok/
+
 # prepared again when it predates a source (its held-out file is missing); earlier sources' prompts and files stay the same
 [ -f outputs/corpora/train_prompts.jsonl.gz ] && [ -f outputs/corpora/heldout_chitchat.jsonl ] ||
   { $PY -m trainer.corpora fetch && $PY -m trainer.corpora prepare --out outputs/corpora; }
 rm -rf .payload_corpora && mkdir -p .payload_corpora
 cp outputs/corpora/{train_prompts.jsonl.gz,heldout_sharegpt.jsonl,heldout_evals.jsonl,heldout_codeio.jsonl,heldout_chitchat.jsonl,manifest.json} .payload_corpora/
-du -sh .sglwhl .payload_sgl2 .whl .payload_gguf? .payload_corpora
+du -sh .sglwhl .payload_sgl2 .whl .payload_gguf? .payload_corpora .payload_tok
 tree=$(git ls-files -z | xargs -0 cat | wc -c)  # bytes of the tracked files: they travel with every command
-for payload in .sglwhl .payload_sgl2 .whl .payload_gguf? .payload_corpora; do
+for payload in .sglwhl .payload_sgl2 .whl .payload_gguf? .payload_corpora .payload_tok; do
   size=$(cat "$payload"/* | wc -c)
   [ $((tree + size)) -le $((LIMIT_MIB << 20)) ] || { echo "$payload: $size bytes with the tracked files' $tree exceed the $LIMIT_MIB MiB a command takes in" >&2; exit 1; }
 done
