@@ -153,13 +153,13 @@ def test_resume_refuses_a_different_run_and_allows_a_deliberate_change(build, st
             r"  vocab_map: '\w+' in the checkpoint, '\w+' now\n\("
         ),
     ):
-        build(tiny_config("trainer.max_steps=4", "trainer.resume=auto", "draft.draft_vocab_size=512"), tmp_path)
+        build(tiny_config(*STEPS, "trainer.resume=auto", "draft.draft_vocab_size=512"), tmp_path)
     with pytest.raises(ValueError, match=r"differs from this run:\n  draft.ttt_steps: 3 in the checkpoint, 2 now\n\("):
-        build(tiny_config("trainer.max_steps=4", "trainer.resume=auto", "draft.ttt_steps=2"), tmp_path)
+        build(tiny_config(*STEPS, "trainer.resume=auto", "draft.ttt_steps=2"), tmp_path)
     with pytest.raises(ValueError, match=r"data.max_conversations: 48 in the checkpoint, 40 now"):
-        build(tiny_config("trainer.max_steps=4", "trainer.resume=auto", "data.max_conversations=40"), tmp_path)
+        build(tiny_config(*STEPS, "trainer.resume=auto", "data.max_conversations=40"), tmp_path)
     with pytest.raises(ValueError, match=r"schedule.name: 'cosine' in the checkpoint, 'constant' now"):
-        build(tiny_config("trainer.max_steps=4", "trainer.resume=auto", "schedule=constant"), tmp_path)
+        build(tiny_config(*STEPS, "trainer.resume=auto", "schedule=constant"), tmp_path)
     # switching a cosine run to grokking mode on purpose (the seed team's plan)
     grok = build(
         tiny_config("trainer.max_steps=3", "trainer.resume=auto", "schedule=constant", "trainer.resume_allow=[schedule]"), tmp_path
