@@ -6,7 +6,8 @@
 
 ``watch`` samples, every second, the process tree under ``--pid`` (the deepspeed launcher):
 each process's ``/proc/<pid>/io`` counters and command line, ``nvidia-smi``'s GPU memory per
-process and per GPU; it keeps each process's first and last counters and every peak.
+process and per GPU; it keeps each process's first and last counters, its write counter at each
+change (``writes``: [seconds, bytes]) and every peak.
 
 ``report`` reads what the run left under OUT — ``plan.json`` (models.memory_plan),
 ``run/metrics.jsonl`` and ``run/summary.json`` (the trainer), ``measure/rank*.json``
@@ -30,6 +31,7 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: no install needed
 
 from models.memory_plan import GB, TargetShape, handoff_bytes_per_token, transformers_config  # noqa: E402
+from trainer.phases import START_EVAL, STARTUP  # noqa: E402
 
 PEAK_FLOPS = 790e12  # bf16 dense matmul ceiling measured on the H200 (lab/bench_throughput.py)
 AUX_LOG = "aux width check"  # the engine's line once its first batch passed check_aux_width, where it logs one
@@ -91,8 +93,11 @@ def watch(pid: int, out: Path, interval: float = 1.0) -> dict:
         for p, ppid in process_tree(pid).items():
             seen = read_proc(p)
             if seen is not None:
-                row = procs.setdefault(p, {"cmd": seen["cmd"], "ppid": ppid, "io_first": seen["io"], "first_s": time.time() - start})
-                row["io_last"], row["last_s"] = seen["io"], time.time() - start
+                now = time.time() - start
+                row = procs.setdefault(p, {"cmd": seen["cmd"], "ppid": ppid, "io_first": seen["io"], "first_s": now, "writes": []})
+                row["io_last"], row["last_s"] = seen["io"], now
+                if not row["writes"] or row["writes"][-1][1] != seen["io"]["write_bytes"]:
+                    row["writes"].append([round(now, 2), seen["io"]["write_bytes"]])
         if has_smi:
             for index, used in nvidia_smi("index,memory.used", "gpu"):
                 gpu_peak[index] = max(gpu_peak.get(index, 0), int(used))
@@ -100,6 +105,7 @@ def watch(pid: int, out: Path, interval: float = 1.0) -> dict:
                 app_peak[int(app_pid)] = max(app_peak.get(int(app_pid), 0), int(used))
         result = {
             "root_pid": pid,
+            "started_epoch": start,
             "seconds": time.time() - start,
             "processes": procs,
             "gpu_used_peak_mib": gpu_peak,
@@ -207,10 +213,51 @@ def own_write_bytes(procs: dict[str, dict]) -> dict[str, int]:
     return {pid: max(0, b) for pid, b in own.items()}
 
 
-def disk_report(out: Path, ranks: list[dict], watched: dict | None, tokens: int, handoff: int) -> dict:
+def program_bytes(procs: dict[str, dict], own: dict[str, int]) -> dict[str, int]:
+    """Each program's bytes to storage (``own_write_bytes``, summed by the name of its executable): the trainer
+    and the engine (python3) apart from the kernel builds (nvcc, cicc, ninja, ...) a bare host runs."""
+    by: dict[str, int] = {}
+    for pid, p in procs.items():
+        name = "torch inductor compile worker" if "compile_worker" in p["cmd"] else Path(p["cmd"].split(" ")[0]).name
+        by[name] = by.get(name, 0) + own[pid]
+    return dict(sorted(by.items(), key=lambda kv: -kv[1]))
+
+
+def counter_at(writes: list[list[float]], t: float) -> int:
+    """A write counter sampled at each change as [seconds, bytes], at ``t``: its first value before it was seen."""
+    value = writes[0][1]
+    for at, b in writes:
+        if at > t:
+            break
+        value = b
+    return int(value)
+
+
+def training_window(rank: dict, summary: dict, watched: dict) -> tuple[float, float]:
+    """The seconds of rank 0's training steps on the watcher's clock: its process start plus its start-up and
+    start-of-run eval, for as long as its steps took. Its checkpoint and exports come after the last step."""
+    phases = summary["phase_s"]
+    begin = rank["created_epoch"] - watched["started_epoch"] + phases[STARTUP] + phases[START_EVAL]
+    return begin, begin + summary["train_time_s"]
+
+
+def while_training(ranks: list[dict], summary: dict | None, watched: dict | None, tokens: int, handoff: int) -> dict | None:
+    """What every watched process sent to storage during the training steps, a token: hidden states on disk would be
+    ``handoff`` bytes a token (the checkpoints of ``trainer.checkpoint_every`` count too)."""
+    rank0 = next((r for r in ranks if r["rank"] == 0), None)
+    if not (rank0 and summary and watched and tokens) or "created_epoch" not in rank0 or "started_epoch" not in watched:
+        return None
+    a, b = training_window(rank0, summary, watched)
+    procs = [p for p in watched["processes"].values() if p.get("writes")]
+    written = sum(counter_at(p["writes"], b) - counter_at(p["writes"], a) for p in procs)
+    return {"window_s": [a, b], "bytes": written, "bytes_per_token": written / tokens, "hidden_state_bytes_per_token": handoff}
+
+
+def disk_report(out: Path, ranks: list[dict], watched: dict | None, tokens: int, handoff: int, summary: dict | None) -> dict:
     """Bytes the processes under the launcher sent to storage, each counted once (``own_write_bytes``; the trainer
-    ranks' own measure where nothing was watched), the files the run dir holds, and what the hidden states of the
-    trained tokens would have been."""
+    ranks' own measure where nothing was watched) and by program, the files the run dir holds, what the hidden states
+    of the trained tokens would have been, and what was written while the steps ran (``while_training``): no hidden
+    state on disk when that is under 1 % of the hidden states' bytes a token."""
     rank_bytes = sum(r["io_end"]["write_bytes"] - r["io_start"]["write_bytes"] for r in ranks)
     processes = {}
     if watched is not None:
@@ -220,16 +267,17 @@ def disk_report(out: Path, ranks: list[dict], watched: dict | None, tokens: int,
         processes = {pid: {"cmd": p["cmd"], "write_bytes": own[pid]} for pid, p in watched["processes"].items()}
     written = sum(p["write_bytes"] for p in processes.values()) if processes else rank_bytes
     files = run_files_bytes(out / "run")
-    features = tokens * handoff
-    beyond = max(0, written - files)
+    training = while_training(ranks, summary, watched, tokens, handoff)
     return {
         "trainer_ranks_write_bytes": rank_bytes,
         "processes": processes,
+        "by_program": program_bytes(watched["processes"], own) if processes else {},
         "written_bytes": written,
         "run_dir_file_bytes": files,
-        "written_beyond_run_files": beyond,
-        "hidden_state_bytes_if_on_disk": features,
-        "no_hidden_states_on_disk": features > 0 and beyond < 0.01 * features,
+        "written_beyond_run_files": max(0, written - files),
+        "hidden_state_bytes_if_on_disk": tokens * handoff,
+        "while_training": training,
+        "no_hidden_states_on_disk": None if training is None else training["bytes_per_token"] < 0.01 * handoff,
     }
 
 
@@ -310,7 +358,7 @@ def report(out: Path, peak_flops: float = PEAK_FLOPS) -> dict:
             "the ring slots (trainer/stream/engine_process.py RingSpec) are that wide",
         },
         "memory": memory_report(plan, ranks, watched),
-        "disk": disk_report(out, ranks, watched, tokens, handoff),
+        "disk": disk_report(out, ranks, watched, tokens, handoff, summary),
         "export_verify": {
             "rc": int((out / "verify.rc").read_text()) if (out / "verify.rc").is_file() else None,
             "output": verify,
@@ -344,10 +392,16 @@ def print_result(r: dict) -> None:
             f"+ trainer {r['memory']['predicted_gb']['trainer']:.1f} GB"
         )
     d = r["disk"]
+    programs = ", ".join(f"{name} {b / GB:.2f}" for name, b in list(d["by_program"].items())[:4])
     print(
-        f"disk: {d['written_bytes'] / GB:.2f} GB written, {d['run_dir_file_bytes'] / GB:.2f} GB of run files; hidden states would be "
-        f"{d['hidden_state_bytes_if_on_disk'] / GB:.1f} GB; none on disk: {d['no_hidden_states_on_disk']}"
+        f"disk: {d['written_bytes'] / GB:.2f} GB written ({programs}), {d['run_dir_file_bytes'] / GB:.2f} GB of run files; "
+        f"hidden states would be {d['hidden_state_bytes_if_on_disk'] / GB:.1f} GB"
     )
+    if (w := d["while_training"]) is not None:
+        print(
+            f"while training: {w['bytes'] / 1e6:.1f} MB written, {w['bytes_per_token']:.0f} B a token against the hidden states' "
+            f"{w['hidden_state_bytes_per_token']} B; none on disk: {d['no_hidden_states_on_disk']}"
+        )
     print(
         f"aux width {r['aux_width']['expected']}; engine log lines: {len(r['aux_width']['engine_log_lines'])}; "
         f"export verify rc {r['export_verify']['rc']}"

@@ -4,8 +4,8 @@
 
 Each rank writes ``$STREAMDRAFT_MEASURE_DIR/rank<RANK>.json``: its pid, its GPU's peak memory
 allocated and reserved by PyTorch in this process (``torch.cuda.max_memory_allocated``: every
-rank's, where the metrics log rank 0's only), and its ``/proc/self/io`` counters at start and
-exit (``write_bytes``: bytes sent to storage; ``wchar``: bytes passed to write()).
+rank's, where the metrics log rank 0's only), when the process started (``created_epoch``), and its
+``/proc/self/io`` counters at start and exit (``write_bytes``: bytes sent to storage; ``wchar``: bytes passed to write()).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: no install needed
 
+import psutil  # noqa: E402
 import torch  # noqa: E402
 
 from trainer.__main__ import main  # noqa: E402
@@ -34,6 +35,7 @@ def record(out: Path, start_io: dict[str, int]) -> None:
         "rank": rank,
         "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
         "pid": os.getpid(),
+        "created_epoch": psutil.Process().create_time(),  # the clock of the run's phases starts here (trainer.phases)
         "io_start": start_io,
         "io_end": io_counters(),
     }

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,14 @@ from hydra import compose, initialize_config_dir
 from safetensors import safe_open
 
 from lab.kimi_reduced import ARCHITECTURE, KIMI_K25_TEXT, SGLANG_GUARDED, SGLANG_READS, WRAPPER, text_config, write_target
-from lab.kimi_reduced_report import moe_forward_flops, own_write_bytes, process_tree, read_proc, watch
+from lab.kimi_reduced_report import (
+    moe_forward_flops,
+    own_write_bytes,
+    process_tree,
+    read_proc,
+    watch,
+    while_training,
+)
 from models.memory_plan import GB, TargetShape, param_counts, plan
 from models.memory_plan import main as plan_main
 from trainer.config import register_schema, to_config
@@ -211,12 +219,38 @@ def test_watch_follows_a_process_until_it_exits_and_keeps_its_counters(tmp_path)
     script = "import time; open(%r, 'wb').write(bytes(1 << 20)); time.sleep(1.0)" % str(tmp_path / "blob")
     child = subprocess.Popen([sys.executable, "-c", script])
     try:
+        before = time.time()
         result = watch(child.pid, tmp_path / "watch.json", interval=0.1)  # returns once the child is a zombie
+        after = time.time()
     finally:
         child.wait()
     seen = result["processes"][child.pid]
     assert seen["io_last"]["wchar"] >= 1 << 20 and "blob" in seen["cmd"]
-    assert json.loads((tmp_path / "watch.json").read_text())["root_pid"] == child.pid
+    assert seen["writes"][0] == [pytest.approx(seen["first_s"], abs=0.01), seen["io_first"]["write_bytes"]]
+    assert seen["writes"][-1][1] == seen["io_last"]["write_bytes"]
+    saved = json.loads((tmp_path / "watch.json").read_text())
+    assert saved["root_pid"] == child.pid and before <= saved["started_epoch"] <= after
+
+
+def test_while_training_counts_only_the_steps_window():
+    """The rank started 2 s into the watch, spent 3 s starting and 5 s in its first eval, then 30 s in its steps: the
+    window is [10, 40] s. The checkpoint at 50 s is after it; the engine's kernel builds at 6 s before it."""
+    handoff, tokens = 57344, 100_000
+    rank = {"rank": 0, "created_epoch": 1002.0}
+    summary = {"phase_s": {"start-up": 3.0, "start-of-run held-out eval": 5.0}, "train_time_s": 30.0}
+
+    def watched(engine_during: int) -> dict:
+        trainer = [[2.0, 0], [12.0, 4096], [50.0, 4096 + 17 * int(GB)]]  # a log line's page, then the checkpoint
+        engine = [[4.0, 0], [6.0, int(GB) // 4], [20.0, int(GB) // 4 + engine_during]]
+        procs = {"12": {"writes": trainer}, "13": {"writes": engine}, "14": {"writes": []}}
+        return {"started_epoch": 1000.0, "processes": procs}
+
+    clean = while_training([rank], summary, watched(0), tokens, handoff)
+    assert clean["window_s"] == [10.0, 40.0] and clean["bytes"] == 4096
+    assert clean["bytes_per_token"] == pytest.approx(4096 / tokens) and clean["bytes_per_token"] < 0.01 * handoff
+    leak = while_training([rank], summary, watched(tokens * handoff // 10), tokens, handoff)  # a tenth of the states
+    assert leak["bytes"] == 4096 + tokens * handoff // 10 and leak["bytes_per_token"] > 0.01 * handoff
+    assert while_training([{"rank": 0}], summary, watched(0), tokens, handoff) is None  # an older rank record
 
 
 def test_each_process_writes_are_counted_once():
@@ -235,3 +269,15 @@ def test_each_process_writes_are_counted_once():
     own = own_write_bytes(procs)
     gb = int(GB)
     assert own == {"10": 7, "11": 0, "12": 18 * gb, "13": gb // 4}
+
+
+def test_each_rank_records_when_its_process_started(tmp_path, monkeypatch):
+    """The report places the rank's phases on the watcher's clock from ``created_epoch``."""
+    import psutil
+
+    from lab.train_measured import io_counters, record
+
+    monkeypatch.setenv("RANK", "0")
+    record(tmp_path, io_counters())
+    row = json.loads((tmp_path / "rank0.json").read_text())
+    assert row["created_epoch"] == psutil.Process().create_time() and row["pid"] == os.getpid()
