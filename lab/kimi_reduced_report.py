@@ -248,8 +248,7 @@ def while_training(ranks: list[dict], summary: dict | None, watched: dict | None
     if not (rank0 and summary and watched and tokens) or "created_epoch" not in rank0 or "started_epoch" not in watched:
         return None
     a, b = training_window(rank0, summary, watched)
-    procs = [p for p in watched["processes"].values() if p.get("writes")]
-    written = sum(counter_at(p["writes"], b) - counter_at(p["writes"], a) for p in procs)
+    written = sum(counter_at(p["writes"], b) - counter_at(p["writes"], a) for p in watched["processes"].values())
     return {"window_s": [a, b], "bytes": written, "bytes_per_token": written / tokens, "hidden_state_bytes_per_token": handoff}
 
 
@@ -259,19 +258,20 @@ def disk_report(out: Path, ranks: list[dict], watched: dict | None, tokens: int,
     of the trained tokens would have been, and what was written while the steps ran (``while_training``): no hidden
     state on disk when that is under 1 % of the hidden states' bytes a token."""
     rank_bytes = sum(r["io_end"]["write_bytes"] - r["io_start"]["write_bytes"] for r in ranks)
-    processes = {}
+    processes, by_program = {}, {}
     if watched is not None:
         if any("ppid" not in p for p in watched["processes"].values()):
             raise ValueError(f"{out / 'watch.json'}: no parent pids (an older watcher's): its writes cannot be counted once")
         own = own_write_bytes(watched["processes"])
         processes = {pid: {"cmd": p["cmd"], "write_bytes": own[pid]} for pid, p in watched["processes"].items()}
+        by_program = program_bytes(watched["processes"], own)
     written = sum(p["write_bytes"] for p in processes.values()) if processes else rank_bytes
     files = run_files_bytes(out / "run")
     training = while_training(ranks, summary, watched, tokens, handoff)
     return {
         "trainer_ranks_write_bytes": rank_bytes,
         "processes": processes,
-        "by_program": program_bytes(watched["processes"], own) if processes else {},
+        "by_program": by_program,
         "written_bytes": written,
         "run_dir_file_bytes": files,
         "written_beyond_run_files": max(0, written - files),
@@ -397,7 +397,9 @@ def print_result(r: dict) -> None:
         f"disk: {d['written_bytes'] / GB:.2f} GB written ({programs}), {d['run_dir_file_bytes'] / GB:.2f} GB of run files; "
         f"hidden states would be {d['hidden_state_bytes_if_on_disk'] / GB:.1f} GB"
     )
-    if (w := d["while_training"]) is not None:
+    if (w := d["while_training"]) is None:
+        print("while training: not measured (no watch.json series, rank0.json start time or trained tokens)")
+    else:
         print(
             f"while training: {w['bytes'] / 1e6:.1f} MB written, {w['bytes_per_token']:.0f} B a token against the hidden states' "
             f"{w['hidden_state_bytes_per_token']} B; none on disk: {d['no_hidden_states_on_disk']}"
