@@ -38,7 +38,8 @@ rm -rf .payload_gguf1 .payload_gguf2 .payload_gguf3 && mkdir -p .payload_gguf1 .
 split -n 3 -d "$gguf" .payload_gguf1/part  # part00 part01 part02: setup-gguf joins them in name order
 mv .payload_gguf1/part01 .payload_gguf2/ && mv .payload_gguf1/part02 .payload_gguf3/
 
-tok=$($PY -c "from models.embedded import embedded_target_dir; print(embedded_target_dir())")
+# the last line: importing the project lets DeepSpeed print its accelerator warning on stdout first
+tok=$($PY -c "from models.embedded import embedded_target_dir; print(embedded_target_dir())" | tail -n1)
 rm -rf .payload_tok && mkdir -p .payload_tok
 cp "$tok"/{tokenizer.json,tokenizer_config.json,chat_template.jinja,config.json} .payload_tok/
 
